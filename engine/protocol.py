@@ -1,0 +1,184 @@
+"""Wire messages between the gateway and engine workers, carried over Redis Streams.
+
+Torch-free on purpose: the gateway imports this module and must never load torch.
+Every message carries ``v`` (the protocol version). Readers accept any version up to
+their own and ignore unknown fields, so old and new workers can coexist in a rollout.
+
+Stream layout (every name that travels together shares the ``{model}`` hash tag, so a
+Redis Cluster keeps a model's streams on one slot):
+
+- requests:   ``sg:{<model>}:requests``   consumer group ``workers``; field ``m`` = Request
+- replies:    ``sg:reply:{<request_id>}``  one stream per request, expires; field ``m`` = Delta | Error
+- cancels:    ``sg:{<model>}:cancels``    pub/sub channel; payload = Cancel
+- heartbeats: ``sg:workers:<model>``       hash worker_id -> Heartbeat, plus a per-worker expiring key
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+REQUEST_GROUP = "workers"
+MESSAGE_FIELD = b"m"
+
+
+def request_stream(model: str) -> str:
+    return f"sg:{{{model}}}:requests"
+
+
+def cancel_channel(model: str) -> str:
+    return f"sg:{{{model}}}:cancels"
+
+
+def reply_stream(request_id: str) -> str:
+    return f"sg:reply:{{{request_id}}}"
+
+
+def heartbeat_key(model: str, worker_id: str) -> str:
+    return f"sg:hb:{{{model}}}:{worker_id}"
+
+
+def heartbeat_pattern(model: str | None = None) -> str:
+    return f"sg:hb:{{{model}}}:*" if model else "sg:hb:*"
+
+
+class Sampling(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
+    """Sampling parameters as they travel; mirrors ``engine.SamplingParams``."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+
+
+class ChatMessage(msgspec.Struct, omit_defaults=True):
+    role: str
+    content: str | None = None
+    name: str | None = None
+
+
+class Request(msgspec.Struct, tag="request", omit_defaults=True):
+    """One generation request. Exactly one of ``prompt``, ``prompt_token_ids``, ``messages``."""
+
+    request_id: str
+    model: str
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    deadline: float = 0.0
+    """Unix time after which the worker must not start (or continue) the request; 0 = none."""
+    traceparent: str | None = None
+    reply_to: str = ""
+    """Stream the deltas go to; defaults to ``reply_stream(request_id)``."""
+    prefix_hashes: list[int] | None = None
+    v: int = PROTOCOL_VERSION
+
+    def reply_key(self) -> str:
+        return self.reply_to or reply_stream(self.request_id)
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.deadline > 0 and (now if now is not None else time.time()) > self.deadline
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
+    """Incremental output. The last delta of a request has ``finish_reason`` and ``usage``."""
+
+    request_id: str
+    seq: int
+    """Position of this delta in the reply stream, from 0, so a reader can detect gaps."""
+    text: str = ""
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    worker_id: str = ""
+    v: int = PROTOCOL_VERSION
+
+
+ErrorCode = Literal[
+    "invalid_request",
+    "context_length_exceeded",
+    "deadline_exceeded",
+    "worker_lost",
+    "internal_error",
+    "overloaded",
+]
+
+
+class Error(msgspec.Struct, tag="error", omit_defaults=True):
+    """Terminal failure of a request. ``usage`` counts only tokens already delivered."""
+
+    request_id: str
+    code: ErrorCode
+    message: str
+    usage: Usage | None = None
+    worker_id: str = ""
+    v: int = PROTOCOL_VERSION
+
+
+class Cancel(msgspec.Struct, tag="cancel"):
+    request_id: str
+    v: int = PROTOCOL_VERSION
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
+    worker_id: str
+    model: str
+    served_model_name: str
+    version: str
+    time: float
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_usage: float = 0.0
+    tokens_per_s: float = 0.0
+    max_model_len: int = 0
+    block_size: int = 16
+    cached_prefix_hashes: list[int] = msgspec.field(default_factory=list)
+    """A bounded sample of block hashes this worker holds, for prefix-aware routing."""
+    v: int = PROTOCOL_VERSION
+
+
+Message = Request | Delta | Error | Cancel | Heartbeat
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+class MalformedMessage(ValueError):
+    """A stream entry that is not a message of this protocol."""
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> Message:
+    try:
+        message = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedMessage(str(exc)) from exc
+    return message

@@ -1,0 +1,1 @@
+"""Sluicegate's HTTP gateway. Never imports torch."""

@@ -1,0 +1,1 @@
+"""Backends that generate text: our engine workers, or any OpenAI-compatible upstream."""

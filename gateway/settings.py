@@ -1,0 +1,61 @@
+"""One settings object, read from ``SLUICEGATE_*`` environment variables.
+
+Defaults run on one machine (local PostgreSQL and Redis); production overrides them through
+the environment, and the Helm values map onto the same names.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _env_value(name: str, default: Any) -> Any:
+    raw = os.environ.get(f"SLUICEGATE_{name.upper()}")
+    if raw is None:
+        return default
+    if isinstance(default, bool):
+        return raw.strip().lower() in {"1", "true", "yes", "on"}
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    master_key: str = ""
+    """Admin bearer key; admin routes answer 401 to everyone while it is empty."""
+    config: str = ""
+    """Path to the routing YAML (public model names -> deployments)."""
+    max_body_bytes: int = 4 * 1024 * 1024
+    request_timeout_s: float = 600.0
+    """Deadline of one generation request, first byte to last token."""
+    first_token_timeout_s: float = 60.0
+    default_max_tokens: int = 1024
+    key_cache_ttl_s: float = 30.0
+    """Upper bound on how long a cached key lives even if an invalidation is missed."""
+    usage_stream: str = "sg:usage"
+    usage_flush_interval_s: float = 0.5
+    usage_flush_batch: int = 500
+    cooldown_failures: int = 3
+    cooldown_s: float = 30.0
+    worker_heartbeat_ttl_s: float = 5.0
+    otel_capture_content: bool = False
+    """Put prompts and completions into spans; off unless explicitly enabled."""
+    instance_id: str = field(default_factory=lambda: os.urandom(4).hex())
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        values = {}
+        for f in fields(cls):
+            if f.name in overrides:
+                values[f.name] = overrides[f.name]
+            elif f.name != "instance_id":
+                default = f.default
+                values[f.name] = _env_value(f.name, default)
+        return cls(**values)

@@ -1,0 +1,156 @@
+"""Plain-torch definitions of the kernels' maths, with the same signatures as the Triton ops.
+
+These are the single definition of paged attention: the tests hold the Triton kernels to them,
+and the engine's CPU path calls them directly, so they are written to be clear first and
+reasonably fast on a CPU second (the decode step, the hot case, is one batched matmul).
+
+Layouts:
+  key/value, q/out:  [num_tokens, heads, head_dim]
+  k_cache/v_cache:   [num_blocks, block_size, num_kv_heads, head_dim]
+  block_tables:      [num_seqs, max_blocks] (entries past a request's last block are ignored)
+  seq_lens:          [num_seqs] tokens in the cache per request, this step's included
+  cu_seqlens_q:      [num_seqs + 1] offsets of each request's queries in q
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["paged_attention", "store_kv"]
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write each token's K/V row into the cache at ``slot = block_id * block_size + offset``.
+
+    Slot -1 marks a padding token and is skipped. The caches are updated in place.
+    """
+    block_size = k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    blocks, offsets = slots // block_size, slots % block_size
+    k_cache[blocks, offsets] = key[keep].to(k_cache.dtype)
+    v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """Causal attention of packed varlen queries over keys/values read through block tables.
+
+    Request i owns queries ``q[cu_seqlens_q[i]:cu_seqlens_q[i+1]]``; they are the last tokens
+    of its ``seq_lens[i]`` cached tokens, so query j sits at absolute position
+    ``seq_lens[i] - q_len + j`` and sees keys ``0..that position``. Query heads are grouped
+    over KV heads (GQA): query head h reads KV head ``h // (num_heads // num_kv_heads)``.
+    Scores and softmax are computed in fp32; the output has q's dtype.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+
+    starts = cu_seqlens_q[:-1].tolist()
+    ends = cu_seqlens_q[1:].tolist()
+    lens = seq_lens.tolist()
+    decode_seqs = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if e - s == 1]
+    if decode_seqs:
+        if len(decode_seqs) == len(lens):
+            seq_index = torch.arange(len(lens), device=q.device)
+        else:
+            seq_index = torch.tensor(decode_seqs, device=q.device)
+        rows = cu_seqlens_q[seq_index].long()
+        out[rows] = _decode(
+            q[rows],
+            k_cache,
+            v_cache,
+            block_tables[seq_index],
+            seq_lens[seq_index],
+            max(lens[i] for i in decode_seqs),
+            softmax_scale,
+        )
+    for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        if end - start > 1:
+            out[start:end] = _prefill_one(
+                q[start:end], k_cache, v_cache, block_tables[i], lens[i], softmax_scale
+            )
+    return out
+
+
+def _decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seq_len: int,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """One query per request: gather every request's blocks padded to the longest, mask, matmul."""
+    batch, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    num_blocks = -(-max_seq_len // block_size)
+    # Table entries past a request's length may hold any filler (often -1); they are masked.
+    tables = block_tables[:, :num_blocks].long().clamp(min=0)
+    keys = k_cache[tables].reshape(batch, -1, num_kv_heads, head_dim).float()
+    values = v_cache[tables].reshape(batch, -1, num_kv_heads, head_dim).float()
+    queries = q.float().reshape(batch, num_kv_heads, group, head_dim)
+
+    positions = torch.arange(keys.shape[1], device=q.device)
+    beyond = positions[None, :] >= seq_lens[:, None].to(positions.device)
+    # Slots past a request's end may hold anything, NaN included, and 0 * NaN is NaN.
+    values = values.masked_fill(beyond[:, :, None, None], 0.0)
+    scores = torch.einsum("bkgd,blkd->bkgl", queries, keys) * softmax_scale
+    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bkgl,blkd->bkgd", probs, values)
+    return out.reshape(batch, num_heads, head_dim).to(q.dtype)
+
+
+def _prefill_one(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_len: int,
+    softmax_scale: float,
+) -> torch.Tensor:
+    """Several queries of one request: gather its keys contiguously and run SDPA causally.
+
+    The causal mask is bottom-right aligned (the queries are the last tokens), which SDPA's
+    ``is_causal`` does not do when there are fewer queries than keys, so the mask is explicit.
+    """
+    q_len = q.shape[0]
+    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
+    num_blocks = -(-seq_len // block_size)
+    table = block_table[:num_blocks].long()
+    keys = k_cache[table].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+    values = v_cache[table].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+
+    query_positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
+    key_positions = torch.arange(seq_len, device=q.device)
+    visible = key_positions[None, :] <= query_positions[:, None]
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1),
+        keys.float().transpose(0, 1),
+        values.float().transpose(0, 1),
+        attn_mask=visible,
+        scale=softmax_scale,
+        enable_gqa=True,
+    )
+    return out.transpose(0, 1).to(q.dtype)
