@@ -56,7 +56,7 @@ def paged_attention(
     over KV heads (GQA): query head h reads KV head ``h // (num_heads // num_kv_heads)``.
     Scores and softmax are computed in fp32; the output has q's dtype.
     """
-    num_tokens, num_heads, head_dim = q.shape
+    num_tokens, num_heads = q.shape[:2]
     num_kv_heads = k_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")

@@ -7,6 +7,7 @@ the dense copy so results can also be checked against naive attention.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -109,7 +110,7 @@ def dense_attention(case: PagedCase) -> torch.Tensor:
     group = case.q.shape[1] // case.k_cache.shape[2]
     outputs = []
     bounds = case.cu_seqlens_q.tolist()
-    for seq, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+    for seq, (start, end) in enumerate(itertools.pairwise(bounds)):
         q = case.q[start:end].double()
         keys = case.dense_keys[seq].double().repeat_interleave(group, dim=1)
         values = case.dense_values[seq].double().repeat_interleave(group, dim=1)
