@@ -1,0 +1,377 @@
+"""Triton paged attention: one varlen kernel for prefill, chunked prefill and decode.
+
+Maths in ``kernels.reference.paged_attention``. Layout of the work:
+
+* A program owns ``BLOCK_Q`` query tokens of one request and all ``GROUP`` query heads that
+  share one KV head, flattened into ``BLOCK_M = BLOCK_Q * GROUP`` rows (padded to a power of
+  two). Each K/V tile is then read once for the whole group, which is what makes GQA decode
+  memory-efficient.
+* Programs are laid out over all requests' query blocks without a host sync: request i's
+  blocks start at ``cu_seqlens_q[i] // BLOCK_Q + i`` (an upper bound on the blocks before it),
+  each program finds its request by binary search, and spare programs exit at once.
+* Keys are walked in tiles of ``TILE_N`` positions (several cache blocks) through the block
+  table, with an online softmax in fp32 (exp2 domain).
+* Split-KV: with ``num_splits > 1`` the key range of each request is cut into that many
+  parts, each program writes a partial output and its log-sum-exp, and a reduce kernel merges
+  them. The launcher picks it for decode batches too small to fill the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["paged_attention"]
+
+_LOG2_E = 1.4426950408889634
+# Split the key range only while each part keeps at least this many keys: shorter parts cost
+# more in partial writes and the reduce than they win in parallelism.
+_MIN_KEYS_PER_SPLIT = 512
+_MAX_SPLITS = 16
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_seqlens_q_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    scale_log2,
+    num_seqs,
+    stride_q_token,
+    stride_q_head,
+    stride_out_token,
+    stride_out_head,
+    stride_cache_block,
+    stride_cache_offset,
+    stride_cache_head,
+    stride_table_seq,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    UPCAST_INPUTS: tl.constexpr,
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_heads = tl.num_programs(1) * GROUP
+
+    # The request whose query blocks contain this program: the last i with start(i) <= q_block.
+    low = tl.full([], 0, tl.int32)
+    high = tl.full([], 0, tl.int32) + num_seqs
+    while low < high:
+        mid = (low + high) // 2
+        if tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid <= q_block:
+            low = mid + 1
+        else:
+            high = mid
+    seq = low - 1
+
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    local_block = q_block - (q_start // BLOCK_Q + seq)
+    if local_block * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    cached_len = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    token = local_block * BLOCK_Q + rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = (rows < BLOCK_Q * GROUP) & (token < q_len)
+    query_pos = cached_len + token
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    dim_valid = dims < HEAD_DIM
+    token_index = (q_start + token).to(tl.int64)
+
+    q = tl.load(
+        q_ptr
+        + token_index[:, None] * stride_q_token
+        + head[:, None] * stride_q_head
+        + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
+    if UPCAST_INPUTS:
+        q = q.to(tl.float32)
+
+    # Keys up to the last query of this block (causal), cut into this program's split.
+    kv_end = tl.minimum(cached_len + (local_block + 1) * BLOCK_Q, seq_len)
+    if NUM_SPLITS > 1:
+        keys_per_split = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), TILE_N) * TILE_N
+        kv_begin = split * keys_per_split
+        kv_end = tl.minimum(kv_begin + keys_per_split, kv_end)
+    else:
+        kv_begin = 0
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+    tile = tl.arange(0, TILE_N)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_table_seq
+    for tile_start in range(kv_begin, kv_end, TILE_N):
+        key_pos = tile_start + tile
+        key_valid = key_pos < kv_end
+        block = tl.load(table_row + key_pos // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+        slot_offset = (
+            block * stride_cache_block
+            + (key_pos % BLOCK_SIZE) * stride_cache_offset
+            + kv_head * stride_cache_head
+        )
+        k = tl.load(
+            k_cache_ptr + slot_offset[None, :] + dims[:, None],
+            mask=key_valid[None, :] & dim_valid[:, None],
+            other=0.0,
+        )
+        v = tl.load(
+            v_cache_ptr + slot_offset[:, None] + dims[None, :],
+            mask=key_valid[:, None] & dim_valid[None, :],
+            other=0.0,
+        )
+        if UPCAST_INPUTS:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+
+        scores = tl.dot(q, k, input_precision="ieee") * scale_log2
+        visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # A row that has seen no visible key yet keeps m = -inf; shift by 0 to avoid inf - inf.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+
+    store_mask = row_valid[:, None] & dim_valid[None, :]
+    if NUM_SPLITS == 1:
+        out = acc / l_i[:, None]
+        tl.store(
+            out_ptr
+            + token_index[:, None] * stride_out_token
+            + head[:, None] * stride_out_head
+            + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=store_mask,
+        )
+    else:
+        # An empty split (short request) leaves l = 0: it stores lse = -inf and weighs nothing.
+        empty = l_i == 0.0
+        out = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        partial_row = (token_index * num_heads + head) * NUM_SPLITS + split
+        tl.store(
+            partial_out_ptr + partial_row[:, None] * HEAD_DIM + dims[None, :],
+            out,
+            mask=store_mask,
+        )
+        tl.store(partial_lse_ptr + partial_row, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_out_ptr,
+    partial_lse_ptr,
+    out_ptr,
+    stride_out_token,
+    stride_out_head,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    first_row = (token * tl.num_programs(1) + head) * NUM_SPLITS
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    dim_valid = dims < HEAD_DIM
+
+    lse = tl.load(partial_lse_ptr + first_row + splits)
+    weights = tl.exp2(lse - tl.max(lse, 0))
+    weights = weights / tl.sum(weights, 0)
+    parts = tl.load(
+        partial_out_ptr + (first_row + splits)[:, None] * HEAD_DIM + dims[None, :],
+        mask=dim_valid[None, :],
+        other=0.0,
+    )
+    out = tl.sum(parts * weights[:, None], 0)
+    tl.store(
+        out_ptr + token * stride_out_token + head * stride_out_head + dims,
+        out.to(out_ptr.dtype.element_ty),
+        mask=dim_valid,
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+    *,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal varlen attention over a paged KV cache; see ``kernels.reference.paged_attention``.
+
+    ``num_splits`` forces the split-KV variant (a power of two; 1 turns it off). By default the
+    launcher splits decode batches whose (request, KV head) programs would not fill the GPU.
+    """
+    _check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_seqs = seq_lens.shape[0]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+
+    # Without a host sync the launcher cannot see query lengths; one token per request is
+    # decode in every batch the engine builds (each scheduled request has >= 1 query).
+    is_decode = num_tokens == num_seqs
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    if is_decode:
+        block_m = max(16, triton.next_power_of_2(group))
+    else:
+        block_m = max(32 if head_dim_pad > 128 else 64, triton.next_power_of_2(group))
+    block_q = block_m // group
+    tile_n = max(block_size, 32 if head_dim_pad > 128 else 64)
+    if num_splits is None:
+        num_splits = _default_splits(q, block_tables, block_size, num_seqs * num_kv_heads)
+    if num_splits < 1 or num_splits & (num_splits - 1):
+        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+
+    if num_splits > 1:
+        partial_out = torch.empty(
+            num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        partial_lse = torch.empty(
+            num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device
+        )
+    else:
+        partial_out = partial_lse = out
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
+    _paged_attention_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        partial_out,
+        partial_lse,
+        softmax_scale * _LOG2_E,
+        num_seqs,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_SIZE=block_size,
+        TILE_N=tile_n,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        NUM_SPLITS=num_splits,
+        UPCAST_INPUTS=_interpreting(),
+        num_warps=4,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            partial_out,
+            partial_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+            NUM_SPLITS=num_splits,
+        )
+    return out
+
+
+def _interpreting() -> bool:
+    # The interpreter computes bf16 arithmetic wrongly, so there every input is upcast to fp32
+    # right after loading; on a GPU, fp16/bf16 feed the tensor cores directly (fp32 accumulate).
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _default_splits(
+    q: torch.Tensor, block_tables: torch.Tensor, block_size: int, programs: int
+) -> int:
+    if q.device.type != "cuda" or q.shape[0] != block_tables.shape[0]:
+        return 1
+    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
+    if programs >= sm_count:
+        return 1
+    # The table's width bounds the longest context without reading seq_lens on the host.
+    max_context = block_tables.shape[1] * block_size
+    wanted = min(math.ceil(2 * sm_count / programs), max_context // _MIN_KEYS_PER_SPLIT)
+    wanted = min(wanted, _MAX_SPLITS)
+    return 1 if wanted < 2 else 1 << (wanted.bit_length() - 1)
+
+
+def _check_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+) -> None:
+    if q.dim() != 3:
+        raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got {tuple(q.shape)}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(
+            f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match, "
+            "[num_blocks, block_size, num_kv_heads, head_dim]"
+        )
+    if k_cache.stride() != v_cache.stride():
+        raise ValueError("k_cache and v_cache must share a memory layout")
+    if q.shape[2] != k_cache.shape[3]:
+        raise ValueError(f"q head_dim {q.shape[2]} != cache head_dim {k_cache.shape[3]}")
+    if q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"{q.shape[1]} query heads not a multiple of {k_cache.shape[2]} KV heads")
+    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"q {q.dtype} and caches {k_cache.dtype}/{v_cache.dtype} must match")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"unsupported dtype {q.dtype}")
+    num_seqs = seq_lens.shape[0]
+    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables {tuple(block_tables.shape)} needs one row per request")
+    if cu_seqlens_q.shape != (num_seqs + 1,):
+        raise ValueError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} must have num_seqs + 1 items")
+    for name, tensor in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if tensor.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32/int64, got {tensor.dtype}")
+    if cu_seqlens_q.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens_q must be int32/int64, got {cu_seqlens_q.dtype}")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
+        raise ValueError("q, the caches and block_tables must be contiguous in the last dim")
+    if not (seq_lens.is_contiguous() and cu_seqlens_q.is_contiguous()):
+        raise ValueError("seq_lens and cu_seqlens_q must be contiguous")
+    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {devices}")
