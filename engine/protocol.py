@@ -8,9 +8,17 @@ Stream layout (every name that travels together shares the ``{model}`` hash tag,
 Redis Cluster keeps a model's streams on one slot):
 
 - requests:   ``sg:{<model>}:requests``   consumer group ``workers``; field ``m`` = Request
-- replies:    ``sg:reply:{<request_id>}``  one stream per request, expires; field ``m`` = Delta | Error
+- affinity:   ``sg:{<model>}:w:<worker>``  one worker's own request stream (same group), used when
+  the gateway routes a request to the worker that holds its prefix; a dead worker's stream is
+  drained by the others
+- replies:    ``sg:reply:{<id>}``          a stream per request or per gateway replica (the
+  request's ``reply_to``), expires; field ``m`` = Delta | Error
+- started:    ``sg:{<model>}:started:<request_id>``  set before a request's first delta is
+  written, so whoever claims a dead worker's request knows whether tokens already went out
 - cancels:    ``sg:{<model>}:cancels``    pub/sub channel; payload = Cancel
-- heartbeats: ``sg:workers:<model>``       hash worker_id -> Heartbeat, plus a per-worker expiring key
+- heartbeats: ``sg:hb:{<model>}:<worker>`` an expiring key holding the Heartbeat, and the set
+  ``sg:{<model>}:workers`` of worker ids that ever announced themselves (pruned when drained)
+- prefix map: ``sg:{<model>}:aff:<hash>``  gateway-side prefix hash -> worker id, short TTL
 """
 
 from __future__ import annotations
@@ -36,6 +44,22 @@ def cancel_channel(model: str) -> str:
 
 def reply_stream(request_id: str) -> str:
     return f"sg:reply:{{{request_id}}}"
+
+
+def worker_stream(model: str, worker_id: str) -> str:
+    return f"sg:{{{model}}}:w:{worker_id}"
+
+
+def started_key(model: str, request_id: str) -> str:
+    return f"sg:{{{model}}}:started:{request_id}"
+
+
+def worker_registry(model: str) -> str:
+    return f"sg:{{{model}}}:workers"
+
+
+def affinity_key(model: str, prefix_hash: int) -> str:
+    return f"sg:{{{model}}}:aff:{prefix_hash:x}"
 
 
 def heartbeat_key(model: str, worker_id: str) -> str:
@@ -104,7 +128,9 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
-    """Incremental output. The last delta of a request has ``finish_reason`` and ``usage``."""
+    """Incremental output. The last delta of a request has ``finish_reason`` and ``usage``;
+    the first one carries ``usage`` too (prompt tokens known so far), so a reader can bill a
+    request that fails midway."""
 
     request_id: str
     seq: int
@@ -159,6 +185,8 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     block_size: int = 16
     cached_prefix_hashes: list[int] = msgspec.field(default_factory=list)
     """A bounded sample of block hashes this worker holds, for prefix-aware routing."""
+    draining: bool = False
+    """Shutting down: finishing what it holds, pulling nothing new."""
     v: int = PROTOCOL_VERSION
 
 
