@@ -1,0 +1,268 @@
+"""API keys on the request path: generation, hashing, the per-replica key cache, admin guard.
+
+A key is ``sk-`` plus 43 url-safe random characters; only its SHA-256 hex and a short display
+prefix reach the database. ``KeyCache.lookup`` answers from a dict once a key is cached (no
+database round trip), and every replica drops a key within milliseconds of a
+``publish_invalidation`` on the Redis channel ``sg:keys:invalidate`` (revocation, edits).
+Entries also expire after ``key_cache_ttl_s`` as a backstop for a missed message, and the whole
+cache is dropped whenever the subscription is lost, since messages may have been missed then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.db import keys as key_queries
+from gateway.db.models import ApiKey
+from gateway.errors import AuthenticationFailed
+from gateway.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "sk-"
+KEY_RANDOM_BYTES = 32
+DISPLAY_PREFIX_CHARS = 10
+INVALIDATION_CHANNEL = "sg:keys:invalidate"
+INVALIDATE_ALL = "*"
+"""Payload that drops every cached key (e.g. after a bulk change)."""
+
+
+def hash_key(plaintext: str) -> str:
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def generate_key() -> tuple[str, str, str]:
+    """Returns ``(plaintext, sha256_hex, display_prefix)``; show the plaintext once, store the rest."""
+    plaintext = KEY_PREFIX + secrets.token_urlsafe(KEY_RANDOM_BYTES)
+    return plaintext, hash_key(plaintext), plaintext[:DISPLAY_PREFIX_CHARS]
+
+
+class ApiKeyRecord(msgspec.Struct, frozen=True):
+    """What the request path knows about a key: identity and limits (None = unlimited)."""
+
+    id: str
+    name: str
+    allowed_models: list[str]
+    rpm_limit: int | None
+    tpm_limit: int | None
+    max_parallel_requests: int | None
+    token_budget: int | None
+    budget_period: str | None
+    expires_at: dt.datetime | None
+    revoked: bool
+    metadata: dict[str, Any]
+
+    def allows_model(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
+
+    @classmethod
+    def from_row(cls, row: ApiKey) -> ApiKeyRecord:
+        return cls(
+            id=str(row.id),
+            name=row.name,
+            allowed_models=list(row.allowed_models),
+            rpm_limit=row.rpm_limit,
+            tpm_limit=row.tpm_limit,
+            max_parallel_requests=row.max_parallel_requests,
+            token_budget=row.token_budget,
+            budget_period=row.budget_period,
+            expires_at=row.expires_at,
+            revoked=row.revoked_at is not None,
+            metadata=dict(row.key_metadata),
+        )
+
+
+@dataclass(slots=True)
+class _Entry:
+    record: ApiKeyRecord
+    fresh_until: float
+    """time.monotonic() after which the database is asked again."""
+    expires_ts: float | None
+    """The key's own expiry as a Unix timestamp, checked on every lookup."""
+
+
+def _entry(record: ApiKeyRecord, ttl_s: float) -> _Entry:
+    expires_ts = record.expires_at.timestamp() if record.expires_at is not None else None
+    return _Entry(record, time.monotonic() + ttl_s, expires_ts)
+
+
+async def publish_invalidation(redis: Redis, key_id: str) -> None:
+    """Tells every replica's KeyCache to forget this key (after a revoke or an edit)."""
+    await redis.publish(INVALIDATION_CHANNEL, key_id)
+
+
+class KeyCache:
+    """In-process cache of key hash -> ApiKeyRecord, kept honest over Redis pub/sub."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        settings: Settings,
+        *,
+        channel: str = INVALIDATION_CHANNEL,
+    ) -> None:
+        self._redis = redis
+        self._sessionmaker = sessionmaker
+        self._ttl_s = settings.key_cache_ttl_s
+        self._channel = channel
+        self._entries: dict[str, _Entry] = {}
+        self._hash_by_id: dict[str, str] = {}
+        self._loading: dict[str, asyncio.Future[_Entry | None]] = {}
+        self._epoch = 0
+        """Bumped on every invalidation, so a load that raced one is not cached."""
+        self._subscribed = False
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, timeout_s: float = 5.0) -> None:
+        """Subscribes to invalidations; until subscribed, lookups always ask the database."""
+        self._task = asyncio.create_task(self._listen(), name="key-cache-invalidations")
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            logger.warning(
+                "key cache not subscribed after %.1fs; retrying in background", timeout_s
+            )
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.invalidate_all()
+
+    async def lookup(self, plaintext: str) -> ApiKeyRecord:
+        if not plaintext.startswith(KEY_PREFIX):
+            raise AuthenticationFailed("Incorrect API key provided.")
+        digest = hash_key(plaintext)
+        entry = self._entries.get(digest)
+        if entry is None or time.monotonic() >= entry.fresh_until:
+            entry = await self._load(digest)
+            if entry is None:
+                raise AuthenticationFailed("Incorrect API key provided.")
+        if entry.record.revoked:
+            raise AuthenticationFailed("This API key has been revoked.")
+        if entry.expires_ts is not None and time.time() >= entry.expires_ts:
+            raise AuthenticationFailed("This API key has expired.")
+        return entry.record
+
+    def invalidate(self, key_id: str) -> None:
+        self._epoch += 1
+        if key_id == INVALIDATE_ALL:
+            self.invalidate_all()
+            return
+        digest = self._hash_by_id.pop(key_id, None)
+        if digest is not None:
+            self._entries.pop(digest, None)
+
+    def invalidate_all(self) -> None:
+        self._epoch += 1
+        self._entries.clear()
+        self._hash_by_id.clear()
+
+    async def _load(self, digest: str) -> _Entry | None:
+        # One database query per key however many requests wait on it; shielded so that a
+        # client that disconnects does not cancel the load for the others.
+        future = self._loading.get(digest)
+        if future is None:
+            future = asyncio.ensure_future(self._fetch(digest))
+            self._loading[digest] = future
+            future.add_done_callback(lambda _: self._loading.pop(digest, None))
+        return await asyncio.shield(future)
+
+    async def _fetch(self, digest: str) -> _Entry | None:
+        epoch = self._epoch
+        async with self._sessionmaker() as session:
+            row = await key_queries.find_by_hash(session, digest)
+        if row is None:
+            return None
+        entry = _entry(ApiKeyRecord.from_row(row), self._ttl_s)
+        if self._subscribed and epoch == self._epoch:
+            self._entries[digest] = entry
+            self._hash_by_id[entry.record.id] = digest
+        return entry
+
+    async def _listen(self) -> None:
+        backoff_s = 0.1
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(self._channel)
+                async for message in pubsub.listen():
+                    kind = _text(message["type"])
+                    if kind == "subscribe":
+                        # Anything cached before this moment may have missed a message.
+                        self.invalidate_all()
+                        self._subscribed = True
+                        self._ready.set()
+                        backoff_s = 0.1
+                    elif kind == "message":
+                        self.invalidate(_text(message["data"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("key invalidation subscription lost: %s", exc)
+            finally:
+                self._subscribed = False
+                self.invalidate_all()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pubsub.aclose())
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, 2.0)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+async def provide_api_key(request: Request[Any, Any, Any]) -> ApiKeyRecord:
+    """Litestar dependency: the caller's key record from ``Authorization: Bearer sk-...``.
+
+    Reads the KeyCache from ``app.state.key_cache``.
+    """
+    token = bearer_token(request.headers.get("authorization"))
+    if token is None:
+        raise AuthenticationFailed(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...'."
+        )
+    cache: KeyCache = request.app.state.key_cache
+    return await cache.lookup(token)
+
+
+def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Litestar guard: the master key from ``app.state.settings``, compared in constant time.
+
+    With no master key configured every admin request is refused.
+    """
+    settings: Settings = connection.app.state.settings
+    token = bearer_token(connection.headers.get("authorization"))
+    master = settings.master_key
+    if not master or token is None or not hmac.compare_digest(token.encode(), master.encode()):
+        raise AuthenticationFailed("A valid admin (master) key is required.")
