@@ -1,0 +1,89 @@
+"""Paged attention layer and the choice of backend behind it.
+
+Two backends share one interface (``store_kv`` + ``paged_attention`` with the signatures of
+``kernels.reference``): ``triton`` (the kernels package; default on CUDA, and usable on CPU
+tensors under ``TRITON_INTERPRET=1``) and ``torch`` (``kernels.reference``, default on CPU).
+An explicit engine option wins over ``SLUICEGATE_ATTENTION_BACKEND``, which wins over the
+device default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+BACKENDS = ("triton", "torch")
+BACKEND_ENV = "SLUICEGATE_ATTENTION_BACKEND"
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    store_kv: Callable[..., None]
+    paged_attention: Callable[..., torch.Tensor]
+
+
+def resolve_backend_name(requested: str | None, device: torch.device) -> str:
+    name = (
+        requested or os.environ.get(BACKEND_ENV) or ("triton" if device.type == "cuda" else "torch")
+    )
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
+    return name
+
+
+def load_backend(requested: str | None, device: torch.device) -> AttentionBackend:
+    name = resolve_backend_name(requested, device)
+    if name == "triton":
+        import kernels
+
+        return AttentionBackend(name, kernels.store_kv, kernels.paged_attention)
+    from kernels import reference
+
+    return AttentionBackend(name, reference.store_kv, reference.paged_attention)
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go in the cache and what each request's queries may see."""
+
+    backend: AttentionBackend
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+
+
+class PagedAttention(nn.Module):
+    """Writes this step's K/V into the layer's cache, then attends through the block tables.
+
+    The model runner assigns ``k_cache``/``v_cache`` (views into one allocation) after it has
+    sized the cache; until then they are empty.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        return meta.backend.paged_attention(
+            q,
+            self.k_cache,
+            self.v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.cu_seqlens_q,
+            self.scale,
+        )

@@ -1,0 +1,207 @@
+"""Owns the model and its paged KV cache on one device; runs one scheduler step at a time."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.attention import AttentionMetadata, load_backend
+from engine.block_manager import blocks_for
+from engine.models.llama import LlamaForCausalLM
+from engine.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+# KV cache size on CPU when neither num_kv_blocks nor kv_cache_memory is given (vLLM's
+# CPU default is 4 GiB; the cache is zeroed, so a smaller default starts faster).
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        device: torch.device,
+        *,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        num_kv_blocks: int | None = None,
+        kv_cache_memory: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        attention_backend: str | None = None,
+    ) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = device
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.backend = load_backend(attention_backend, device)
+        self.num_kv_blocks = self._plan_num_blocks(
+            num_kv_blocks, kv_cache_memory, gpu_memory_utilization
+        )
+        self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
+
+    # -- KV cache ---------------------------------------------------------------------------
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        c = self.config
+        element = torch.empty((), dtype=c.dtype).element_size()
+        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * element
+        return per_token * self.block_size
+
+    def _plan_num_blocks(
+        self, num_kv_blocks: int | None, kv_cache_memory: int | None, utilization: float
+    ) -> int:
+        if num_kv_blocks is not None:
+            return num_kv_blocks
+        if kv_cache_memory is None and self.device.type == "cuda":
+            return self._blocks_from_free_gpu_memory(utilization)
+        budget = DEFAULT_CPU_KV_CACHE_BYTES if kv_cache_memory is None else kv_cache_memory
+        # More blocks than every allowed sequence at full length could use would sit idle.
+        useful = self.max_num_seqs * blocks_for(self.max_model_len, self.block_size)
+        blocks = min(budget // self.kv_bytes_per_block, useful)
+        if blocks < 1:
+            raise ValueError(
+                f"KV cache budget of {budget} bytes is below one block "
+                f"({self.kv_bytes_per_block} bytes)"
+            )
+        return blocks
+
+    def _blocks_from_free_gpu_memory(self, utilization: float) -> int:
+        """Run the largest step the scheduler can form, then give the cache whatever of
+        ``utilization`` x total memory is left beyond weights and peak activations."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        warmup_blocks = self.max_num_seqs + blocks_for(self.max_num_batched_tokens, self.block_size)
+        self.kv_cache = self._allocate_kv_cache(warmup_blocks)
+        cache_bytes = warmup_blocks * self.kv_bytes_per_block
+        self._warmup()
+        free, total = torch.cuda.mem_get_info(self.device)
+        stats = torch.cuda.memory_stats(self.device)
+        peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+        del self.kv_cache
+        torch.cuda.empty_cache()
+        used_by_others = total - free - current
+        # Weights stay resident; activations peak at (peak - current); the warm-up cache goes.
+        available = total * utilization - used_by_others - peak + cache_bytes
+        blocks = int(available) // self.kv_bytes_per_block
+        if blocks < 1:
+            raise RuntimeError(
+                f"no GPU memory left for the KV cache at gpu_memory_utilization={utilization}"
+            )
+        logger.info("KV cache: %d blocks (peak activations %.2f GiB)", blocks, peak / 2**30)
+        return blocks
+
+    @torch.inference_mode()
+    def _warmup(self) -> None:
+        num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)
+        tokens = self.max_num_batched_tokens
+        lengths = [
+            tokens // num_seqs + (1 if i < tokens % num_seqs else 0) for i in range(num_seqs)
+        ]
+        slots, tables, next_block = [], [], 0
+        for length in lengths:
+            table = list(range(next_block, next_block + blocks_for(length, self.block_size)))
+            next_block += len(table)
+            tables.append(table)
+            slots.extend(
+                table[p // self.block_size] * self.block_size + p % self.block_size
+                for p in range(length)
+            )
+        positions = [p for length in lengths for p in range(length)]
+        cu = [0]
+        for length in lengths:
+            cu.append(cu[-1] + length)
+        meta = self._metadata(slots, tables, lengths, cu)
+        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, torch.tensor(positions, device=self.device), meta)
+        self.model.compute_logits(hidden[torch.tensor(cu[1:], device=self.device) - 1])
+        torch.cuda.synchronize(self.device)
+
+    def _allocate_kv_cache(self, num_blocks: int) -> torch.Tensor:
+        """One allocation, [layers, K/V, blocks, block_size, kv_heads, head_dim]; each layer
+        gets views. Zeroed: masked attention weights multiply cache rows never written, and
+        0 x NaN from uninitialised memory would poison the output."""
+        c = self.config
+        cache = torch.zeros(
+            c.num_hidden_layers,
+            2,
+            num_blocks,
+            self.block_size,
+            c.num_key_value_heads,
+            c.head_dim,
+            dtype=c.dtype,
+            device=self.device,
+        )
+        for layer, attention in enumerate(self.model.attention_layers()):
+            attention.k_cache = cache[layer, 0]
+            attention.v_cache = cache[layer, 1]
+        return cache
+
+    # -- one step ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(self, output: SchedulerOutput) -> torch.Tensor:
+        """Forward this step's tokens; logits (float32) only for the scheduled items that
+        sample, in their order in ``output.scheduled``."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tables: list[list[int]] = []
+        seq_lens: list[int] = []
+        cu_seqlens = [0]
+        sample_rows: list[int] = []
+        for item in output.scheduled:
+            seq, start = item.seq, item.start
+            end = start + item.num_new_tokens
+            table = seq.block_table
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            for block_index in range(start // bs, (end - 1) // bs + 1):
+                base = table[block_index] * bs - block_index * bs
+                lo, hi = max(start, block_index * bs), min(end, (block_index + 1) * bs)
+                slots.extend(range(base + lo, base + hi))
+            tables.append(table)
+            seq_lens.append(end)
+            cu_seqlens.append(cu_seqlens[-1] + item.num_new_tokens)
+            if item.samples:
+                sample_rows.append(cu_seqlens[-1] - 1)
+
+        meta = self._metadata(slots, tables, seq_lens, cu_seqlens)
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True),
+            torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True),
+            meta,
+        )
+        if len(sample_rows) != hidden.shape[0]:
+            hidden = hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+        return self.model.compute_logits(hidden).float()
+
+    def _metadata(
+        self,
+        slots: list[int],
+        tables: list[list[int]],
+        seq_lens: list[int],
+        cu_seqlens: list[int],
+    ) -> AttentionMetadata:
+        width = max(len(t) for t in tables)
+        # Past a request's last block the table is never read; 0 keeps any stray read in bounds.
+        padded = [t + [0] * (width - len(t)) for t in tables]
+
+        def int32(values: list[int] | list[list[int]]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32).to(self.device, non_blocking=True)
+
+        return AttentionMetadata(
+            backend=self.backend,
+            slot_mapping=int32(slots),
+            block_tables=int32(padded),
+            seq_lens=int32(seq_lens),
+            cu_seqlens_q=int32(cu_seqlens),
+        )

@@ -1,0 +1,91 @@
+"""Builds a native model from a local Hugging Face folder (config.json + *.safetensors)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.models.config import ModelConfig, parse_dtype
+from engine.models.llama import LlamaForCausalLM
+from engine.models.qwen3 import Qwen3ForCausalLM
+
+ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    architecture = config.architecture or _BY_MODEL_TYPE.get(config.model_type, "")
+    try:
+        return ARCHITECTURES[architecture]
+    except KeyError:
+        raise UnsupportedModelError(
+            f"unsupported architecture {architecture or config.model_type!r}; "
+            f"supported: {', '.join(ARCHITECTURES)}"
+        ) from None
+
+
+def resolve_dtype(
+    requested: str | torch.dtype, config: ModelConfig, device: torch.device
+) -> torch.dtype:
+    """``auto`` takes the checkpoint's dtype, except float16 on CPU, which runs as float32
+    (CPU half-precision matmuls are slow and lose accuracy)."""
+    if isinstance(requested, torch.dtype):
+        return requested
+    if requested != "auto":
+        return parse_dtype(requested)
+    if device.type == "cpu" and config.dtype == torch.float16:
+        return torch.float32
+    return config.dtype
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / shard for shard in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    return files
+
+
+def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in checkpoint_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as shard:
+            for name in shard.keys():
+                yield name, shard.get_tensor(name)
+
+
+def load_model(
+    path: str | Path, device: torch.device, dtype: str | torch.dtype = "auto"
+) -> LlamaForCausalLM:
+    path = Path(path)
+    config = ModelConfig.from_folder(path)
+    cls = model_class(config)
+    config.dtype = resolve_dtype(dtype, config, device)
+    # Built on the meta device: no time spent on random init of weights about to be replaced.
+    with torch.device("meta"):
+        model = cls(config)
+    model = model.to(dtype=config.dtype).to_empty(device=device)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.load_weights(iter_checkpoint(path))
+    return model.eval()
