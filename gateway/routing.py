@@ -1,0 +1,361 @@
+"""Public model names -> deployments: selection, fallback and cooldowns.
+
+The YAML file named by ``SLUICEGATE_CONFIG`` lists models, their aliases and deployments::
+
+    models:
+      - name: llama-3.1-8b
+        aliases: [llama3]
+        deployments:
+          - provider: engine          # engine workers over Redis Streams
+            model: llama-3.1-8b
+          - provider: openai          # any OpenAI-compatible HTTP upstream
+            base_url: http://127.0.0.1:9000/v1
+            api_key_env: UPSTREAM_API_KEY
+            model: gpt-4o-mini
+            weight: 1
+
+Without a file, the models are those of live engine workers (their heartbeat keys), so a
+single-machine ``sluicegate up`` needs no configuration.
+
+Selection is weighted least-outstanding: the deployment with the fewest requests in flight per
+unit of weight first (ties broken at random), the others as fallbacks. A connect error,
+timeout or 5xx before the first token moves on to the next; ``cooldown_failures`` failures in
+a row take a deployment out for ``cooldown_s`` — even the only one, so a dead upstream gets a
+fast 503 instead of every client waiting for its timeout. Cooldown state is per replica.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import re
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from redis.asyncio import Redis
+
+from engine.protocol import heartbeat_pattern
+from gateway.errors import ServiceUnavailable
+from gateway.providers.base import GenerationChunk, GenerationRequest, Provider, ProviderError
+from gateway.providers.openai import OpenAIProvider
+from gateway.settings import Settings
+from gateway.telemetry import UPSTREAM_ERRORS
+
+DISCOVERY_REFRESH_S = 1.0
+_HEARTBEAT_MODEL = re.compile(r"^sg:hb:\{(.+)\}:[^:]*$")
+
+
+class ConfigError(ValueError):
+    """The routing YAML is malformed."""
+
+
+@dataclass(eq=False)
+class Deployment:
+    provider: Provider
+    kind: str
+    model: str
+    weight: float = 1.0
+    outstanding: int = 0
+    failures: int = 0
+    cooldown_until: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.provider.name
+
+    def cooling(self, now: float) -> bool:
+        return now < self.cooldown_until
+
+
+@dataclass(eq=False)
+class ModelRoute:
+    name: str
+    aliases: list[str] = field(default_factory=list)
+    deployments: list[Deployment] = field(default_factory=list)
+
+
+class Generation:
+    """One request's stream with fallback; ``deployment`` names who is serving it."""
+
+    def __init__(self, router: Router, route: ModelRoute, request: GenerationRequest) -> None:
+        self._router = router
+        self._route = route
+        self._request = request
+        self.deployment: Deployment | None = None
+        self._iterator = self._run()
+
+    def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+        return self._iterator
+
+    async def aclose(self) -> None:
+        await self._iterator.aclose()
+
+    async def _run(self) -> AsyncIterator[GenerationChunk]:
+        last_error: ProviderError | None = None
+        for deployment in await self._router.candidates(self._route):
+            self.deployment = deployment
+            deployment.outstanding += 1
+            chunks = deployment.provider.generate(self._request)
+            try:
+                try:
+                    first = await anext(aiter(chunks))
+                except ProviderError as exc:
+                    if not exc.retryable:
+                        raise
+                    self._router.failed(deployment)
+                    last_error = exc
+                    continue
+                except StopAsyncIteration:
+                    self._router.failed(deployment)
+                    last_error = ProviderError(f"{deployment.name} ended without an answer")
+                    continue
+                self._router.succeeded(deployment)
+                yield first
+                async for chunk in chunks:
+                    yield chunk
+                return
+            except ProviderError as exc:
+                if exc.retryable or exc.status_code >= 500:
+                    UPSTREAM_ERRORS.labels(deployment.name).inc()
+                raise
+            finally:
+                deployment.outstanding -= 1
+                await chunks.aclose()  # type: ignore[attr-defined]
+        raise self._router.exhausted(self._route, last_error)
+
+
+class Router:
+    def __init__(
+        self,
+        settings: Settings,
+        redis: Redis,
+        client: httpx.AsyncClient,
+        routes: list[ModelRoute] | None = None,
+    ) -> None:
+        self._settings = settings
+        self._redis = redis
+        self.client = client
+        self.discovering = routes is None
+        self._routes: dict[str, ModelRoute] = {}
+        self._names: dict[str, ModelRoute] = {}
+        self._refreshed_at = 0.0
+        for route in routes or []:
+            self._add(route)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, redis: Redis) -> Router:
+        client = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.first_token_timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+        )
+        router = cls(settings, redis, client, routes=[] if settings.config else None)
+        if settings.config:
+            config = yaml.safe_load(Path(settings.config).read_text()) or {}
+            for route in router.routes_from_config(config):
+                router._add(route)
+        return router
+
+    # ---- configuration -----------------------------------------------------------------------
+
+    def routes_from_config(self, config: dict[str, Any]) -> list[ModelRoute]:
+        models = config.get("models")
+        if not isinstance(models, list):
+            raise ConfigError("the routing config needs a top-level 'models' list")
+        routes = []
+        for entry in models:
+            if not isinstance(entry, dict) or not entry.get("name"):
+                raise ConfigError(f"every model needs a name: {entry!r}")
+            deployments = [self.make_deployment(d) for d in entry.get("deployments") or []]
+            if not deployments:
+                raise ConfigError(f"model {entry['name']!r} has no deployments")
+            routes.append(ModelRoute(entry["name"], list(entry.get("aliases") or []), deployments))
+        return routes
+
+    def make_deployment(self, spec: dict[str, Any]) -> Deployment:
+        kind = spec.get("provider")
+        model = spec.get("model")
+        if not model:
+            raise ConfigError(f"deployment needs a model: {spec!r}")
+        weight = float(spec.get("weight", 1.0))
+        if weight <= 0:
+            raise ConfigError(f"deployment weight must be positive: {spec!r}")
+        provider: Provider
+        if kind == "openai":
+            base_url = spec.get("base_url")
+            if not base_url:
+                raise ConfigError(f"openai deployment needs base_url: {spec!r}")
+            api_key_env = spec.get("api_key_env")
+            provider = OpenAIProvider(
+                name=spec.get("name") or f"openai:{model}@{base_url}",
+                base_url=base_url,
+                model=model,
+                client=self.client,
+                api_key=os.environ.get(api_key_env) if api_key_env else None,
+            )
+        elif kind == "engine":
+            provider = self._engine_provider(model)
+        else:
+            raise ConfigError(f"unknown provider kind {kind!r} (expected openai or engine)")
+        return Deployment(provider=provider, kind=kind, model=model, weight=weight)
+
+    def _engine_provider(self, model: str) -> Provider:
+        # Imported here so the HTTP-only gateway works without the transport module loaded.
+        module = importlib.import_module("gateway.providers.engine")
+        provider: Provider = module.EngineProvider(self._redis, self._settings, model=model)
+        return provider
+
+    def _add(self, route: ModelRoute) -> None:
+        self._routes[route.name] = route
+        for name in [route.name, *route.aliases]:
+            self._names[name] = route
+
+    # ---- lookup ------------------------------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        """Discovery mode: one route per model that has a worker heartbeat."""
+        now = time.monotonic()
+        if not self.discovering or now - self._refreshed_at < DISCOVERY_REFRESH_S:
+            return
+        self._refreshed_at = now
+        models: set[str] = set()
+        async for key in self._redis.scan_iter(match=heartbeat_pattern(), count=500):
+            match = _HEARTBEAT_MODEL.match(key.decode() if isinstance(key, bytes) else key)
+            if match:
+                models.add(match.group(1))
+        for model in sorted(models - self._routes.keys()):
+            deployment = Deployment(self._engine_provider(model), kind="engine", model=model)
+            self._add(ModelRoute(model, deployments=[deployment]))
+
+    async def resolve(self, name: str) -> ModelRoute | None:
+        route = self._names.get(name)
+        if route is None and self.discovering:
+            await self._refresh()
+            route = self._names.get(name)
+        return route
+
+    async def live_routes(self) -> list[ModelRoute]:
+        """Models with at least one deployment that could serve now."""
+        await self._refresh()
+        now = time.monotonic()
+        live = []
+        for route in self._routes.values():
+            for deployment in route.deployments:
+                if not deployment.cooling(now) and await deployment.provider.is_available():
+                    live.append(route)
+                    break
+        return live
+
+    async def candidates(self, route: ModelRoute) -> list[Deployment]:
+        """Deployments to try, best first: not cooling down, available, least loaded."""
+        now = time.monotonic()
+        ready = [d for d in route.deployments if not d.cooling(now)]
+        random.shuffle(ready)
+        ready.sort(key=lambda d: (d.outstanding + 1) / d.weight)
+        return [d for d in ready if await d.provider.is_available()]
+
+    # ---- outcomes ----------------------------------------------------------------------------
+
+    def failed(self, deployment: Deployment) -> None:
+        UPSTREAM_ERRORS.labels(deployment.name).inc()
+        deployment.failures += 1
+        if deployment.failures >= self._settings.cooldown_failures:
+            deployment.failures = 0
+            deployment.cooldown_until = time.monotonic() + self._settings.cooldown_s
+
+    def succeeded(self, deployment: Deployment) -> None:
+        deployment.failures = 0
+
+    def exhausted(self, route: ModelRoute, last_error: ProviderError | None) -> Exception:
+        if last_error is not None:
+            return ServiceUnavailable(
+                f"No deployment of model '{route.name}' could serve the request "
+                f"(last error: {last_error.message})."
+            )
+        return ServiceUnavailable(
+            f"No deployment of model '{route.name}' is available right now; try again shortly."
+        )
+
+    # ---- serving -----------------------------------------------------------------------------
+
+    def stream(self, route: ModelRoute, request: GenerationRequest) -> Generation:
+        return Generation(self, route, request)
+
+    async def complete(
+        self, route: ModelRoute, request: GenerationRequest
+    ) -> tuple[Deployment, GenerationChunk]:
+        """The whole answer as one chunk, with fallback (nothing reached the client yet)."""
+        last_error: ProviderError | None = None
+        for deployment in await self.candidates(route):
+            deployment.outstanding += 1
+            try:
+                complete = getattr(deployment.provider, "complete", None)
+                if complete is not None:
+                    result: GenerationChunk = await complete(request)
+                else:
+                    result = await _collect(deployment.provider, request)
+            except ProviderError as exc:
+                if not exc.retryable:
+                    raise
+                self.failed(deployment)
+                last_error = exc
+                continue
+            finally:
+                deployment.outstanding -= 1
+            self.succeeded(deployment)
+            return deployment, result
+        raise self.exhausted(route, last_error)
+
+    def describe(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [
+            {
+                "name": route.name,
+                "aliases": list(route.aliases),
+                "deployments": [
+                    {
+                        "name": d.name,
+                        "provider": d.kind,
+                        "model": d.model,
+                        "weight": d.weight,
+                        "outstanding": d.outstanding,
+                        "healthy": not d.cooling(now),
+                        "cooldown_remaining_s": round(max(0.0, d.cooldown_until - now), 3),
+                    }
+                    for d in route.deployments
+                ],
+            }
+            for route in self._routes.values()
+        ]
+
+    async def close(self) -> None:
+        for route in self._routes.values():
+            for deployment in route.deployments:
+                await deployment.provider.close()
+        await self.client.aclose()
+
+
+async def _collect(provider: Provider, request: GenerationRequest) -> GenerationChunk:
+    """Fold a provider's stream into one chunk."""
+    parts: list[str] = []
+    last = GenerationChunk()
+    count = 0
+    chunks = provider.generate(request)
+    try:
+        async for chunk in chunks:
+            parts.append(chunk.text)
+            count += chunk.num_tokens
+            last = chunk
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    return GenerationChunk(
+        text="".join(parts),
+        finish_reason=last.finish_reason or "stop",
+        usage=last.usage,
+        num_tokens=count,
+    )

@@ -1,0 +1,279 @@
+"""OpenAI request and response bodies as msgspec structs.
+
+Requests are decoded straight from the raw body with msgspec (fast, and its error path names
+the offending field, which becomes the OpenAI error's ``param``). Responses are encoded the
+same way; field order and ``null``s follow OpenAI's objects so strict clients parse them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from msgspec import Meta
+
+from engine.protocol import ChatMessage, Sampling
+from gateway.errors import InvalidRequest
+
+T = TypeVar("T")
+PositiveInt = Annotated[int, Meta(ge=1)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+
+_TOKEN_OVERHEAD_PER_MESSAGE = 4
+"""Chat templates wrap every message in a few special tokens."""
+
+
+class TextPart(msgspec.Struct, forbid_unknown_fields=False):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(msgspec.Struct, forbid_unknown_fields=False):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(part.text or "" for part in self.content if part.type == "text")
+
+
+class StreamOptions(msgspec.Struct, forbid_unknown_fields=False):
+    include_usage: bool = False
+
+
+class _GenerationFields(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
+    """Fields shared by chat and text completions, OpenAI's plus vLLM's extras."""
+
+    model: str
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    top_k: int | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+    def check(self) -> None:
+        if self.n is not None and self.n != 1:
+            raise InvalidRequest(
+                "Only n=1 is supported; send one request per completion.", param="n"
+            )
+        if self.top_k is not None and self.top_k == 0:
+            raise InvalidRequest("top_k must be -1 (disabled) or at least 1.", param="top_k")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequest(
+                "stream_options is only allowed when stream is true.", param="stream_options"
+            )
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling(self, default_max_tokens: int) -> Sampling:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        return Sampling(
+            max_tokens=self.requested_max_tokens() or default_max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=-1 if self.top_k is None else self.top_k,
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            stop=stop or None,
+            stop_token_ids=self.stop_token_ids or None,
+            ignore_eos=self.ignore_eos,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0,
+        )
+
+
+class ChatCompletionRequest(_GenerationFields, kw_only=True):
+    messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def chat_messages(self) -> list[ChatMessage]:
+        return [ChatMessage(role=m.role, content=m.text(), name=m.name) for m in self.messages]
+
+    def prompt_token_estimate(self) -> int:
+        chars = sum(len(m.text() or "") for m in self.messages)
+        return math.ceil(chars / 3) + _TOKEN_OVERHEAD_PER_MESSAGE * len(self.messages)
+
+
+class CompletionRequest(_GenerationFields, kw_only=True):
+    prompt: str | list[str | int]
+    """A string, token ids, or a list holding one string (msgspec allows one list type)."""
+
+    def check(self) -> None:
+        super().check()
+        if isinstance(self.prompt, list):
+            if not self.prompt:
+                raise InvalidRequest("prompt must not be empty.", param="prompt")
+            strings = sum(isinstance(item, str) for item in self.prompt)
+            if strings and (strings != 1 or len(self.prompt) != 1):
+                raise InvalidRequest(
+                    "prompt must be a string, a list of token ids, or a list with one string.",
+                    param="prompt",
+                )
+
+    def single_prompt(self) -> str | list[int]:
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], str):
+            return str(self.prompt[0])
+        return self.prompt  # type: ignore[return-value]
+
+    def prompt_token_estimate(self) -> int:
+        prompt = self.single_prompt()
+        return len(prompt) if isinstance(prompt, list) else math.ceil(len(prompt) / 3)
+
+
+_PATH_RE = re.compile(r"at `\$\.?([^`]*)`")
+_MISSING_RE = re.compile(r"missing required field `([^`]+)`")
+
+
+def _param_from(message: str) -> str | None:
+    """``Expected `int`, got `str` - at `$.max_tokens``` -> ``max_tokens``."""
+    path_match = _PATH_RE.search(message)
+    path = path_match.group(1) if path_match else ""
+    missing = _MISSING_RE.search(message)
+    if missing:
+        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+    return path or None
+
+
+def decode_request(body: bytes, kind: type[T]) -> T:
+    """Decode and validate a request body; every failure is a 400 naming the field."""
+    if not body:
+        raise InvalidRequest("The request body is empty; expected a JSON object.")
+    try:
+        request = msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        param = _param_from(message)
+        text = message.split(" - at ")[0]
+        raise InvalidRequest(
+            f"Invalid value for '{param}': {text}" if param else text, param=param
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    request.check()  # type: ignore[attr-defined]
+    return request
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+class UsageOut(msgspec.Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageOut:
+        return cls(prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
+
+
+class AssistantMessage(msgspec.Struct):
+    role: str
+    content: str
+    refusal: None = None
+
+
+class ChatChoice(msgspec.Struct):
+    index: int
+    message: AssistantMessage
+    logprobs: None
+    finish_reason: str
+
+
+class ChatCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageOut
+    object: str = "chat.completion"
+    system_fingerprint: None = None
+
+
+class ChunkDelta(msgspec.Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct):
+    index: int
+    delta: ChunkDelta
+    logprobs: None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    object: str = "chat.completion.chunk"
+    system_fingerprint: None = None
+    usage: UsageOut | None = None
+
+
+class TextChoice(msgspec.Struct):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str | None
+
+
+class TextCompletion(msgspec.Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[TextChoice]
+    usage: UsageOut | None = None
+    object: str = "text_completion"
+    system_fingerprint: None = None
+
+
+class ModelCard(msgspec.Struct):
+    id: str
+    created: int
+    owned_by: str
+    object: str = "model"
+
+
+class ModelList(msgspec.Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def encode(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def sse(value: Any) -> bytes:
+    """One server-sent event carrying ``value`` as JSON."""
+    return b"data: " + _encoder.encode(value) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"

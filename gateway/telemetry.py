@@ -1,0 +1,139 @@
+"""Prometheus metrics and OpenTelemetry tracing of the gateway.
+
+Metrics live in one registry of our own (so several apps in one test process do not clash
+on the global one) and are served at ``/metrics``. Tracing exports over OTLP only when
+``OTEL_EXPORTER_OTLP_ENDPOINT`` is set; otherwise the OpenTelemetry API's no-op tracer keeps
+the request path free of span work. Spans: the HTTP server span, one for auth + rate
+limiting, and a CLIENT span ``chat {model}`` per generation with the GenAI semantic
+conventions — never a span per streamed chunk, and prompts only with
+``otel_capture_content``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from litestar import Response, get
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Tracer
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+REQUESTS = Counter(
+    "sluicegate_requests",
+    "Generation requests answered, by public model and outcome.",
+    ["model", "status"],
+    registry=REGISTRY,
+)
+ADDED_LATENCY = Histogram(
+    "sluicegate_added_latency_seconds",
+    "Time the gateway itself spent on a request (total minus time waiting on the provider).",
+    buckets=(0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5),
+    registry=REGISTRY,
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "sluicegate_time_to_first_token_seconds",
+    "From request arrival to the first generated token.",
+    ["model"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "sluicegate_tokens",
+    "Tokens billed, by public model and kind (prompt | completion).",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
+REJECTIONS = Counter(
+    "sluicegate_rejections",
+    "Requests refused by admission (rate_limit_requests | rate_limit_tokens | concurrency | quota).",
+    ["reason"],
+    registry=REGISTRY,
+)
+UPSTREAM_ERRORS = Counter(
+    "sluicegate_upstream_errors",
+    "Failed calls to a deployment.",
+    ["deployment"],
+    registry=REGISTRY,
+)
+USAGE_FLUSH_LAG = Gauge(
+    "sluicegate_usage_flush_lag_seconds",
+    "Age of the oldest usage record not yet committed to PostgreSQL.",
+    registry=REGISTRY,
+)
+
+
+@get("/metrics", include_in_schema=False, sync_to_thread=False)
+def metrics_endpoint() -> Response[bytes]:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+# ---- tracing ---------------------------------------------------------------------------------
+
+_configured = False
+
+
+def setup_tracing(service_name: str = "sluicegate-gateway") -> None:
+    """Install an OTLP-exporting tracer provider once, if an OTLP endpoint is configured."""
+    global _configured
+    if _configured or not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    trace.set_tracer_provider(provider)
+    _configured = True
+
+
+def tracer() -> Tracer:
+    return trace.get_tracer("sluicegate.gateway")
+
+
+def server_span(name: str, headers: Mapping[str, str]) -> Any:
+    """The HTTP server span, continuing the caller's trace when it sent ``traceparent``."""
+    context = propagate.extract(headers) if "traceparent" in headers else None
+    return tracer().start_as_current_span(name, context=context, kind=SpanKind.SERVER)
+
+
+def current_traceparent() -> str | None:
+    """W3C ``traceparent`` of the current span, for the engine request; None when not tracing."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def genai_request_attributes(
+    provider: str, model: str, max_tokens: int, temperature: float
+) -> dict[str, Any]:
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": provider,
+        "gen_ai.request.model": model,
+        "gen_ai.request.max_tokens": max_tokens,
+        "gen_ai.request.temperature": temperature,
+    }
+
+
+def genai_response_attributes(
+    response_id: str, finish_reason: str | None, input_tokens: int, output_tokens: int
+) -> dict[str, Any]:
+    return {
+        "gen_ai.response.id": response_id,
+        "gen_ai.response.finish_reasons": [finish_reason] if finish_reason else [],
+        "gen_ai.usage.input_tokens": input_tokens,
+        "gen_ai.usage.output_tokens": output_tokens,
+    }
