@@ -25,12 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["paged_attention"]
+__all__ = ["default_num_splits", "paged_attention"]
 
 _LOG2_E = 1.4426950408889634
 # Split the key range only while each part keeps at least this many keys: shorter parts cost
 # more in partial writes and the reduce than they win in parallelism.
-_MIN_KEYS_PER_SPLIT = 512
+_MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS = 16
 
 
@@ -253,7 +253,7 @@ def paged_attention(
     block_q = block_m // group
     tile_n = max(block_size, 32 if head_dim_pad > 128 else 64)
     if num_splits is None:
-        num_splits = _default_splits(q, block_tables, block_size, num_seqs * num_kv_heads)
+        num_splits = default_num_splits(q, block_tables, block_size, num_kv_heads)
     if num_splits < 1 or num_splits & (num_splits - 1):
         raise ValueError(f"num_splits must be a power of two, got {num_splits}")
 
@@ -318,11 +318,13 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _default_splits(
-    q: torch.Tensor, block_tables: torch.Tensor, block_size: int, programs: int
+def default_num_splits(
+    q: torch.Tensor, block_tables: torch.Tensor, block_size: int, num_kv_heads: int
 ) -> int:
+    """Key-range splits for a batch: more than 1 only for decode that leaves SMs idle."""
     if q.device.type != "cuda" or q.shape[0] != block_tables.shape[0]:
         return 1
+    programs = block_tables.shape[0] * num_kv_heads
     sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
     if programs >= sm_count:
         return 1
