@@ -1,0 +1,8 @@
+"""HTTP controllers. They find the shared services on ``app.state`` (set by ``create_app``):
+
+- ``settings``: ``gateway.settings.Settings``
+- ``redis``: ``redis.asyncio.Redis``
+- ``db_sessionmaker``: ``async_sessionmaker[AsyncSession]`` (see ``gateway.db.session``)
+- ``key_cache``: ``gateway.auth.KeyCache``
+- ``router``: the routing table; ``describe()`` lists models and deployments
+"""

@@ -1,0 +1,163 @@
+"""Usage in PostgreSQL: the flusher's idempotent batch write, and the admin usage queries.
+
+``insert_usage`` inserts records with ``ON CONFLICT (request_id) DO NOTHING`` and adds to the
+daily rollups only the rows that statement actually inserted (``RETURNING``), in the same
+transaction: replaying a batch, or two flushers racing on one, never counts a request twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from gateway.db.models import UsageDaily, UsageRecord
+
+GroupBy = Literal["day", "model", "key"]
+
+
+async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> int:
+    """Inserts usage rows (UsageRecord column names) not seen before; returns how many."""
+    if not rows:
+        return 0
+    statement = (
+        insert(UsageRecord)
+        .values(list(rows))
+        .on_conflict_do_nothing(index_elements=[UsageRecord.request_id])
+        .returning(
+            UsageRecord.key_id,
+            UsageRecord.model,
+            UsageRecord.finished_at,
+            UsageRecord.prompt_tokens,
+            UsageRecord.completion_tokens,
+        )
+    )
+    inserted = (await session.execute(statement)).all()
+    totals: dict[tuple[dt.date, uuid.UUID, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for key_id, model, finished_at, prompt_tokens, completion_tokens in inserted:
+        total = totals[(finished_at.astimezone(dt.UTC).date(), key_id, model)]
+        total[0] += 1
+        total[1] += prompt_tokens
+        total[2] += completion_tokens
+    if totals:
+        rollup = insert(UsageDaily).values(
+            [
+                {
+                    "day": day,
+                    "key_id": key_id,
+                    "model": model,
+                    "requests": requests,
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                }
+                for (day, key_id, model), (requests, prompt, completion) in sorted(totals.items())
+            ]
+        )
+        rollup = rollup.on_conflict_do_update(
+            index_elements=[UsageDaily.day, UsageDaily.key_id, UsageDaily.model],
+            set_={
+                "requests": UsageDaily.requests + rollup.excluded.requests,
+                "prompt_tokens": UsageDaily.prompt_tokens + rollup.excluded.prompt_tokens,
+                "completion_tokens": UsageDaily.completion_tokens
+                + rollup.excluded.completion_tokens,
+            },
+        )
+        await session.execute(rollup)
+    return len(inserted)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageTotals:
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    group: str | None = None
+    """The day (ISO), model or key id this row totals, when grouped."""
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+def _filters(
+    key_id: uuid.UUID | None, model: str | None, since: dt.date | None, until: dt.date | None
+) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if key_id is not None:
+        conditions.append(UsageDaily.key_id == key_id)
+    if model is not None:
+        conditions.append(UsageDaily.model == model)
+    if since is not None:
+        conditions.append(UsageDaily.day >= since)
+    if until is not None:
+        conditions.append(UsageDaily.day <= until)
+    return conditions
+
+
+_GROUP_COLUMNS = {"day": UsageDaily.day, "model": UsageDaily.model, "key": UsageDaily.key_id}
+
+
+async def usage_totals(
+    session: AsyncSession,
+    *,
+    key_id: uuid.UUID | None = None,
+    model: str | None = None,
+    since: dt.date | None = None,
+    until: dt.date | None = None,
+    group_by: GroupBy | None = None,
+) -> list[UsageTotals]:
+    """Totals from the daily rollups over UTC days ``since..until`` (both inclusive).
+
+    Without ``group_by`` the result is one row (zeros when nothing matched).
+    """
+    sums = (
+        func.coalesce(func.sum(UsageDaily.requests), 0),
+        func.coalesce(func.sum(UsageDaily.prompt_tokens), 0),
+        func.coalesce(func.sum(UsageDaily.completion_tokens), 0),
+    )
+    conditions = _filters(key_id, model, since, until)
+    if group_by is None:
+        row = (await session.execute(select(*sums).where(*conditions))).one()
+        return [UsageTotals(int(row[0]), int(row[1]), int(row[2]))]
+    column = _GROUP_COLUMNS[group_by]
+    query = select(column, *sums).where(*conditions).group_by(column).order_by(column)
+    return [
+        UsageTotals(int(requests), int(prompt), int(completion), _group_label(group))
+        for group, requests, prompt, completion in (await session.execute(query)).all()
+    ]
+
+
+def _group_label(value: object) -> str:
+    return value.isoformat() if isinstance(value, dt.date) else str(value)
+
+
+def budget_period_start(period: str | None, now: dt.datetime) -> dt.date | None:
+    """First UTC day of the budget period containing ``now``; None for a lifetime budget."""
+    today = now.astimezone(dt.UTC).date()
+    if period == "day":
+        return today
+    if period == "month":
+        return today.replace(day=1)
+    return None
+
+
+async def tokens_used_since(session: AsyncSession, key_id: uuid.UUID, since: dt.date | None) -> int:
+    query = select(
+        func.coalesce(func.sum(UsageDaily.prompt_tokens + UsageDaily.completion_tokens), 0)
+    ).where(*_filters(key_id, None, since, None))
+    return int((await session.execute(query)).scalar_one())
