@@ -1,0 +1,280 @@
+"""Continuous batching: every step re-forms the batch from one token budget.
+
+Each ``schedule()`` call hands out ``max_num_batched_tokens`` tokens:
+
+1. decodes of running sequences (one token each), oldest admission first;
+2. the next chunk of the running sequence still prefilling, if any (a long prompt, or a
+   recompute after preemption);
+3. new admissions from the FCFS waiting queue, each with a chunk as large as the remaining
+   budget allows, while blocks and ``max_num_seqs`` allow.
+
+When a running sequence needs blocks that are not free, the most recently admitted running
+sequence is preempted: its blocks are freed and it goes back to the front of the waiting
+queue, keeping its generated tokens, to be recomputed later. Older sequences therefore always
+progress, and a sequence that fits in the cache on its own (checked by :meth:`Scheduler.add`)
+always finishes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.block_manager import BlockManager, blocks_for
+from engine.config import SchedulerConfig
+from engine.sequence import Sequence, SequenceStatus
+
+
+class RequestRejected(ValueError):
+    """The request can never run here (too long for the model or the cache) or no room to queue."""
+
+
+@dataclass
+class ScheduledSequence:
+    """This step computes positions ``[start, start + num_new_tokens)`` of ``seq.token_ids``."""
+
+    seq: Sequence
+    num_new_tokens: int
+    start: int = field(init=False)
+    # True when the step reaches the sequence's last token, so its logits give the next token.
+    samples: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.seq.num_computed_tokens
+        self.samples = self.start + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence]
+    preempted: list[Sequence]
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(item.num_new_tokens for item in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.block_manager = BlockManager(
+            config.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.waiting: deque[Sequence] = deque()
+        # Admission order, oldest first: the preemption victim is always the last one.
+        self.running: list[Sequence] = []
+        self._live: dict[str, Sequence] = {}
+        self.num_preemptions = 0
+        self.peak_kv_utilization = 0.0
+
+    # -- intake -----------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a request, or raise :class:`RequestRejected` if it could never complete."""
+        config = self.config
+        max_tokens = seq.params.max_tokens
+        if max_tokens < 1:
+            raise RequestRejected(f"max_tokens must be at least 1, got {max_tokens}")
+        total = seq.num_prompt_tokens + max_tokens
+        if total > config.max_model_len:
+            raise RequestRejected(
+                f"prompt ({seq.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
+                f"{total} exceeds the model's maximum context length of "
+                f"{config.max_model_len} tokens"
+            )
+        # The final sampled token is never fed back, so the cache holds at most total - 1.
+        needed = blocks_for(total - 1, config.block_size)
+        if needed > config.num_kv_blocks:
+            raise RequestRejected(
+                f"prompt + max_tokens needs {needed} KV blocks of {config.block_size} tokens "
+                f"but the whole cache has {config.num_kv_blocks}; it could never run"
+            )
+        if seq.request_id in self._live:
+            raise RequestRejected(f"request id {seq.request_id!r} is already in flight")
+        if not self.can_accept():
+            raise RequestRejected(f"waiting queue is full ({config.max_waiting} requests)")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+        self._live[seq.request_id] = seq
+
+    def can_accept(self) -> bool:
+        """Whether the waiting queue has room (a worker pulls new work only while it does)."""
+        limit = self.config.max_waiting
+        return limit is None or len(self.waiting) < limit
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledSequence] = []
+        preempted: list[Sequence] = []
+
+        # Running sequences in admission order. A chunk stops short only when it spends the
+        # whole budget, so nothing is admitted behind a sequence still prefilling: at most one
+        # running sequence is mid-prefill and it is the last one. This order therefore serves
+        # every decode before the prefill chunk, and every preemption victim (the last one) is
+        # a sequence not yet scheduled in this step.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.block_manager.can_append_slots(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # seq was the youngest itself: nobody is left behind it
+            self.block_manager.append_slots(seq, num_new)
+            scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+            index += 1
+
+        # A preemption means blocks ran out: admitting now would only be preempted in turn.
+        if not preempted:
+            self._admit(budget, scheduled)
+        return SchedulerOutput(scheduled, preempted)
+
+    def _admit(self, budget: int, scheduled: list[ScheduledSequence]) -> None:
+        manager = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            cached = manager.match_prefix(seq)
+            num_cached_tokens = len(cached) * self.config.block_size
+            num_new = min(seq.num_tokens - num_cached_tokens, budget)
+            if not manager.can_allocate(cached, num_cached_tokens + num_new):
+                break  # strict FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            manager.allocate(seq, cached, num_cached_tokens + num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSequence(seq, num_new))
+            budget -= num_new
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.pop()
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        # Victims go youngest first, so each older one lands in front of it: FCFS holds.
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # -- results ----------------------------------------------------------------------------
+
+    def postprocess(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+        """Record a step's results; returns the sequences that finished in it.
+
+        ``sampled`` has one entry per ``output.scheduled`` item: the token sampled for it, or
+        None where the item does not sample (a prefill chunk short of the last token).
+        Sequences aborted while the step ran are skipped: their blocks are already free.
+        """
+        if len(sampled) != len(output.scheduled):
+            raise ValueError(f"{len(sampled)} samples for {len(output.scheduled)} sequences")
+        finished: list[Sequence] = []
+        for item, token in zip(output.scheduled, sampled, strict=True):
+            seq = item.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed_tokens += item.num_new_tokens
+            self.block_manager.cache_full_blocks(seq)
+            if not item.samples:
+                continue
+            if token is None:
+                raise ValueError(f"{seq.request_id} reached its last token but got no sample")
+            seq.append_token(token)
+            reason = self._stop_reason(seq, token)
+            if reason is not None:
+                self._finish(seq, reason)
+                finished.append(seq)
+        if finished:
+            self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
+        self._record_utilization()
+        return finished
+
+    @staticmethod
+    def _stop_reason(seq: Sequence, token: int) -> str | None:
+        if token in seq.stop_token_ids or (
+            token in seq.eos_token_ids and not seq.params.ignore_eos
+        ):
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a running or waiting sequence now (the engine's stop strings); idempotent."""
+        if seq.is_finished:
+            return
+        self._finish(seq, reason)
+        self._drop(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """End a request and free its blocks at once; None if it is not in flight."""
+        seq = self._live.get(request_id)
+        if seq is None:
+            return None
+        self._finish(seq, "abort")
+        self._drop(seq)
+        return seq
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._live[seq.request_id]
+
+    def _drop(self, seq: Sequence) -> None:
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.running.remove(seq)
+
+    # -- state ------------------------------------------------------------------------------
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._live.get(request_id)
+
+    @property
+    def kv_tokens_stored(self) -> int:
+        """Tokens whose K/V is in the cache, a shared prefix block counted once."""
+        computed = sum(seq.num_computed_tokens for seq in self.running)
+        return computed - self.block_manager.num_shared_refs * self.config.block_size
+
+    def _record_utilization(self) -> None:
+        used = self.block_manager.num_used_blocks
+        if used:
+            utilization = self.kv_tokens_stored / (used * self.config.block_size)
+            self.peak_kv_utilization = max(self.peak_kv_utilization, utilization)
+
+    def stats(self) -> dict[str, Any]:
+        """Engine-level counters; prefix-cache queries and hits are counted in tokens."""
+        manager = self.block_manager
+        return {
+            "kv_blocks_total": manager.num_blocks,
+            "kv_blocks_used": manager.num_used_blocks,
+            "kv_tokens_stored": self.kv_tokens_stored,
+            "peak_kv_utilization": self.peak_kv_utilization,
+            "num_running": self.num_running,
+            "num_waiting": self.num_waiting,
+            "num_preemptions": self.num_preemptions,
+            "prefix_cache_queries": manager.prefix_cache_queries,
+            "prefix_cache_hits": manager.prefix_cache_hits,
+        }
