@@ -1,0 +1,366 @@
+"""Our engine workers as a provider: requests over Redis Streams, deltas back the same way.
+
+A request is XADDed to the model's stream (read by the workers' consumer group) or, when a
+live and not overloaded worker served the same prompt prefix recently, to that worker's own
+stream. Deltas come back on this provider's reply stream (one reader for all its requests).
+The provider never waits blindly: every request has a deadline, a first-token timeout, and a
+watch on the heartbeat of the worker serving it. When the client goes away the worker is told
+to abort (pub/sub) and a request nobody picked up yet is deleted from its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from engine import protocol
+from gateway.providers.base import GenerationChunk, GenerationRequest, ProviderError
+from gateway.providers.engine_replies import TRANSPORT_DOWN, ReplyReader
+from gateway.providers.prefix_affinity import prefix_hashes, render_prompt
+from gateway.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_REDIS_TIMEOUT_S = 2.0
+_WORKERS_CACHE_S = 0.25
+_AFFINITY_TTL_S = 600
+_AFFINITY_SLACK = 4
+"""How many more queued requests the prefix-holding worker may have than the least busy one."""
+_LIVENESS_CHECK_S = 1.0
+
+_ERRORS: dict[str, tuple[int, str]] = {
+    "context_length_exceeded": (400, "context_length_exceeded"),
+    "invalid_request": (400, "invalid_request"),
+    "deadline_exceeded": (504, "timeout"),
+    "worker_lost": (502, "worker_lost"),
+    "overloaded": (503, "overloaded"),
+    "internal_error": (500, "engine_error"),
+}
+
+
+def _binary_client(redis: Redis, settings: Settings) -> Redis:
+    """Our messages are msgpack: use a client that does not decode replies to str."""
+    kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {})
+    if kwargs.get("decode_responses"):
+        return Redis.from_url(settings.redis_url, socket_connect_timeout=_REDIS_TIMEOUT_S)
+    return redis
+
+
+class EngineProvider:
+    def __init__(
+        self,
+        redis: Redis,
+        settings: Settings,
+        model: str,
+        *,
+        name: str | None = None,
+        prefix_affinity: bool = True,
+    ) -> None:
+        self.name = name or f"engine:{model}"
+        self.model = model
+        self.settings = settings
+        self.prefix_affinity = prefix_affinity
+        self._redis = _binary_client(redis, settings)
+        self._owns_client = self._redis is not redis
+        reply_id = f"gw-{settings.instance_id}-{uuid.uuid4().hex[:8]}"
+        self._replies = ReplyReader(self._redis, protocol.reply_stream(reply_id))
+        self._workers: dict[str, protocol.Heartbeat] = {}
+        self._workers_at = -1.0
+        self._workers_refresh: asyncio.Task[dict[str, protocol.Heartbeat]] | None = None
+        self._outstanding: dict[str, int] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ---- workers ---------------------------------------------------------------------------
+
+    async def live_workers(self) -> dict[str, protocol.Heartbeat]:
+        """Heartbeats of this model's live workers (cached briefly; shared by concurrent calls)."""
+        if time.monotonic() - self._workers_at < _WORKERS_CACHE_S:
+            return self._workers
+        if self._workers_refresh is None or self._workers_refresh.done():
+            self._workers_refresh = asyncio.create_task(self._read_workers())
+        return await asyncio.shield(self._workers_refresh)
+
+    async def _read_workers(self) -> dict[str, protocol.Heartbeat]:
+        async with asyncio.timeout(_REDIS_TIMEOUT_S):
+            ids = [
+                _text(m) for m in await self._redis.smembers(protocol.worker_registry(self.model))
+            ]
+            beats = (
+                await self._redis.mget([protocol.heartbeat_key(self.model, w) for w in ids])
+                if ids
+                else []
+            )
+        workers: dict[str, protocol.Heartbeat] = {}
+        for raw in beats:
+            if raw is None:
+                continue
+            try:
+                beat = protocol.decode(raw)
+            except protocol.MalformedMessage:
+                continue
+            if isinstance(beat, protocol.Heartbeat) and not beat.draining:
+                workers[beat.worker_id] = beat
+        self._workers, self._workers_at = workers, time.monotonic()
+        return workers
+
+    async def is_available(self) -> bool:
+        try:
+            return bool(await self.live_workers())
+        except (RedisError, OSError, TimeoutError):
+            return False
+
+    # ---- generation ------------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        workers = await self._workers_or_503()
+        deadline = request.deadline or time.time() + self.settings.request_timeout_s
+        message = _wire_request(request, self.model, deadline, self._replies.stream)
+        rendered = render_prompt(request.messages, request.prompt)
+        hashes = prefix_hashes(rendered) if self.prefix_affinity and len(workers) > 1 else []
+        queue = self._replies.open(request.request_id)
+        call = _Call(request.request_id, deadline)
+        try:
+            stream = await self._pick_stream(hashes, workers)
+            try:
+                async with asyncio.timeout(_REDIS_TIMEOUT_S):
+                    entry_id = await self._redis.xadd(
+                        stream, {protocol.MESSAGE_FIELD: protocol.encode(message)}
+                    )
+            except (RedisError, OSError, TimeoutError) as exc:
+                raise _redis_down(exc) from exc
+            call.entry = (stream, entry_id)
+            async for chunk in self._relay(call, queue):
+                if call.first_delta:
+                    call.first_delta = False
+                    self._on_served(call, hashes)
+                yield chunk
+        finally:
+            self._replies.close(request.request_id)
+            if call.counted_on:
+                self._outstanding[call.counted_on] -= 1
+            if not call.finished and call.entry is not None:
+                self._spawn(self._cancel(request.request_id, call.entry))
+
+    async def _workers_or_503(self) -> dict[str, protocol.Heartbeat]:
+        try:
+            workers = await self.live_workers()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise _redis_down(exc) from exc
+        if not workers:
+            raise ProviderError(
+                f"No engine worker is serving model '{self.model}' right now.",
+                retryable=True,
+                status_code=503,
+                code="no_worker_available",
+            )
+        return workers
+
+    async def _relay(
+        self, call: _Call, queue: asyncio.Queue[Any]
+    ) -> AsyncIterator[GenerationChunk]:
+        first_token_by = time.monotonic() + self.settings.first_token_timeout_s
+        quiet_since = time.monotonic()
+        while True:
+            now = time.monotonic()
+            left = call.deadline - time.time()
+            if left <= 0:
+                raise call.error(504, "timeout", "The request exceeded its deadline.")
+            if call.worker_id is None and now > first_token_by:
+                raise call.error(504, "timeout", "No engine worker started the request in time.")
+            try:
+                async with asyncio.timeout(min(left, _LIVENESS_CHECK_S)):
+                    item = await queue.get()
+            except TimeoutError:
+                await self._check_liveness(call, time.monotonic() - quiet_since)
+                continue
+            quiet_since = time.monotonic()
+            if item is TRANSPORT_DOWN:
+                raise call.error(503, "service_unavailable", "Lost the connection to Redis.")
+            if isinstance(item, protocol.Error):
+                status, code = _ERRORS.get(item.code, (502, "engine_error"))
+                raise call.error(status, code, item.message, retryable=item.code == "overloaded")
+            if not isinstance(item, protocol.Delta):
+                continue
+            chunk = call.accept(item)
+            if chunk is not None:
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+
+    async def _check_liveness(self, call: _Call, quiet_s: float) -> None:
+        """Fail a request whose worker died; the workers' own claim gives them a head start."""
+        grace = 2 * self.settings.worker_heartbeat_ttl_s
+        if quiet_s < grace:
+            return
+        try:
+            workers = await self.live_workers()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise call.error(503, "service_unavailable", f"Redis is unavailable: {exc}") from exc
+        if call.worker_id is not None and call.worker_id not in workers:
+            raise call.error(502, "worker_lost", "The engine worker serving this request was lost.")
+        if call.worker_id is None and not workers:
+            raise call.error(
+                503,
+                "no_worker_available",
+                f"No engine worker is serving model '{self.model}' right now.",
+            )
+
+    async def _pick_stream(self, hashes: list[int], workers: dict[str, protocol.Heartbeat]) -> str:
+        shared = protocol.request_stream(self.model)
+        if not hashes:
+            return shared
+        try:
+            async with asyncio.timeout(_REDIS_TIMEOUT_S):
+                owners = await self._redis.mget(
+                    [protocol.affinity_key(self.model, h) for h in hashes]
+                )
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise _redis_down(exc) from exc
+        load = {w: beat.num_waiting + self._outstanding.get(w, 0) for w, beat in workers.items()}
+        least = min(load.values())
+        for owner in reversed(owners):
+            if owner is None:
+                continue
+            worker = _text(owner)
+            beat = workers.get(worker)
+            if beat is None or beat.kv_usage > 0.95:
+                continue
+            if load[worker] <= least + _AFFINITY_SLACK:
+                return protocol.worker_stream(self.model, worker)
+            break
+        return shared
+
+    def _on_served(self, call: _Call, hashes: list[int]) -> None:
+        worker = call.worker_id or ""
+        call.counted_on = worker
+        self._outstanding[worker] = self._outstanding.get(worker, 0) + 1
+        if hashes and worker:
+            self._spawn(self._remember_prefix(hashes, worker))
+
+    async def _remember_prefix(self, hashes: list[int], worker: str) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for h in hashes:
+            pipe.set(protocol.affinity_key(self.model, h), worker, ex=_AFFINITY_TTL_S)
+        try:
+            async with asyncio.timeout(_REDIS_TIMEOUT_S):
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError):
+            pass
+
+    async def _cancel(self, request_id: str, entry: tuple[str, Any]) -> None:
+        """Abort on the worker (if it has it) and unqueue it (if nobody has it yet)."""
+        stream, entry_id = entry
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.publish(
+            protocol.cancel_channel(self.model), protocol.encode(protocol.Cancel(request_id))
+        )
+        pipe.xdel(stream, entry_id)
+        try:
+            async with asyncio.timeout(_REDIS_TIMEOUT_S):
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            logger.warning("could not cancel %s: %s", request_id, exc)
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        await self._replies.aclose()
+        if self._background:
+            await asyncio.wait(self._background, timeout=2.0)
+        if self._owns_client:
+            await self._redis.aclose()
+
+
+class _Call:
+    """One request's progress: who serves it, what reached the client, how to bill a failure."""
+
+    def __init__(self, request_id: str, deadline: float) -> None:
+        self.request_id = request_id
+        self.deadline = deadline
+        self.entry: tuple[str, Any] | None = None
+        self.worker_id: str | None = None
+        self.counted_on = ""
+        """The worker whose outstanding count includes this request."""
+        self.first_delta = True
+        self.next_seq = 0
+        self.prompt_tokens = 0
+        self.delivered = 0
+        self.finished = False
+
+    def accept(self, delta: protocol.Delta) -> GenerationChunk | None:
+        if self.worker_id is None:
+            self.worker_id = delta.worker_id
+        elif delta.worker_id != self.worker_id:
+            return None  # a second worker took over a request the first was still serving
+        if delta.seq < self.next_seq:
+            return None
+        if delta.seq > self.next_seq:
+            raise self.error(502, "worker_lost", "Part of the engine's reply was lost.")
+        self.next_seq += 1
+        if delta.usage is not None:
+            self.prompt_tokens = delta.usage.prompt_tokens
+        self.delivered += len(delta.token_ids)
+        usage = None
+        if delta.finish_reason is not None:
+            self.finished = True
+            cached = delta.usage.cached_tokens if delta.usage else 0
+            usage = protocol.Usage(self.prompt_tokens, self.delivered, cached)
+        if not delta.text and not delta.token_ids and delta.finish_reason is None:
+            return None
+        return GenerationChunk(
+            text=delta.text,
+            finish_reason=delta.finish_reason,
+            usage=usage,
+            num_tokens=len(delta.token_ids),
+        )
+
+    def error(self, status: int, code: str, message: str, retryable: bool = False) -> ProviderError:
+        self.finished = code not in {"timeout", "service_unavailable", "no_worker_available"}
+        return ProviderError(
+            message,
+            retryable=retryable or (self.worker_id is None and status in {503, 504}),
+            status_code=status,
+            code=code,
+            usage=protocol.Usage(self.prompt_tokens, self.delivered),
+        )
+
+
+def _wire_request(
+    request: GenerationRequest, model: str, deadline: float, reply_to: str
+) -> protocol.Request:
+    prompt = request.prompt
+    return protocol.Request(
+        request_id=request.request_id,
+        model=model,
+        sampling=msgspec.structs.replace(request.sampling),
+        prompt=prompt if isinstance(prompt, str) else None,
+        prompt_token_ids=list(prompt) if isinstance(prompt, list) else None,
+        messages=list(request.messages) if request.messages is not None else None,
+        deadline=deadline,
+        traceparent=request.traceparent,
+        reply_to=reply_to,
+    )
+
+
+def _redis_down(exc: BaseException) -> ProviderError:
+    return ProviderError(
+        f"The engine transport (Redis) is unavailable: {exc or type(exc).__name__}",
+        retryable=True,
+        status_code=503,
+        code="service_unavailable",
+    )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes | bytearray) else str(value)
