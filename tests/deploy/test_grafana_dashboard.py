@@ -1,0 +1,97 @@
+"""The Grafana dashboard: well-formed, and built only on metrics the processes really export."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts/sluicegate/dashboards/sluicegate.json"
+
+# The metric contract shared with the gateway and engine (issue 6); histograms end in _seconds.
+GATEWAY_METRICS = {
+    "sluicegate_requests_total",
+    "sluicegate_added_latency_seconds",
+    "sluicegate_time_to_first_token_seconds",
+    "sluicegate_tokens_total",
+    "sluicegate_rejections_total",
+    "sluicegate_upstream_errors_total",
+    "sluicegate_usage_flush_lag_seconds",
+}
+ENGINE_METRICS = {
+    "sluicegate:num_requests_running",
+    "sluicegate:num_requests_waiting",
+    "sluicegate:kv_cache_usage_perc",
+    "sluicegate:num_preemptions_total",
+    "sluicegate:prefix_cache_queries_total",
+    "sluicegate:prefix_cache_hits_total",
+    "sluicegate:prompt_tokens_total",
+    "sluicegate:generation_tokens_total",
+    "sluicegate:time_to_first_token_seconds",
+    "sluicegate:inter_token_latency_seconds",
+    "sluicegate:e2e_request_latency_seconds",
+}
+HISTOGRAM_SERIES = re.compile(r"_(bucket|sum|count)$")
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def metric_names(dashboard: dict[str, Any]) -> set[str]:
+    exprs = [t["expr"] for p in panels(dashboard) for t in p["targets"]]
+    exprs += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
+    names = {n for e in exprs for n in re.findall(r"sluicegate[_:][A-Za-z0-9_:]*", e)}
+    return {HISTOGRAM_SERIES.sub("", n) for n in names}
+
+
+def test_dashboard_is_well_formed(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert dashboard["uid"] and dashboard["title"] == "Sluicegate"
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["query"] == "prometheus"
+    for panel in panels(dashboard):
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        grid = panel["gridPos"]
+        assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["expr"].count("(") == target["expr"].count(")"), target["expr"]
+
+
+def test_dashboard_uses_exactly_the_contract_metrics(dashboard: dict[str, Any]) -> None:
+    assert metric_names(dashboard) == GATEWAY_METRICS | ENGINE_METRICS
+
+
+def test_histogram_quantiles_read_bucket_series(dashboard: dict[str, Any]) -> None:
+    for panel in panels(dashboard):
+        for target in panel["targets"]:
+            for inner in re.findall(r"histogram_quantile\([^,]+,(.*)", target["expr"]):
+                assert "_bucket{" in inner and "by (le" in inner, target["expr"]
+
+
+def test_engine_worker_exports_every_engine_metric_the_dashboard_reads() -> None:
+    from engine.metrics import WorkerMetrics
+
+    metrics = WorkerMetrics("tiny-model")
+    # Histograms and labelled counters only appear in the exposition once observed.
+    metrics.time_to_first_token.observe(0.1)
+    metrics.inter_token_latency.observe(0.01)
+    metrics.e2e_request_latency.observe(1.0)
+    exposition = metrics.exposition().decode()
+    exported = {
+        HISTOGRAM_SERIES.sub("", line.split("{")[0].split(" ")[0])
+        for line in exposition.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert exported >= ENGINE_METRICS
+    assert 'model_name="tiny-model"' in exposition
