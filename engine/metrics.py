@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -118,6 +118,8 @@ class HealthServer:
         self.host = host
         self.port = port
         self.ready = False
+        self.refresh: Callable[[], None] | None = None
+        """Called before each scrape, so gauges are current rather than a heartbeat old."""
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -154,6 +156,11 @@ class HealthServer:
 
     def _respond(self, path: str) -> tuple[str, str, bytes]:
         if path == "/metrics":
+            if self.refresh is not None:
+                try:
+                    self.refresh()
+                except Exception:
+                    logger.exception("refreshing metrics failed")
             return "200 OK", CONTENT_TYPE_LATEST, self.metrics.exposition()
         if path == "/health/live":
             return "200 OK", "application/json", b'{"status":"live"}'

@@ -387,7 +387,7 @@ class Worker:
             usage = protocol.Usage(
                 prompt_tokens=item.prompt_tokens,
                 completion_tokens=item.completion_tokens,
-                cached_tokens=int(getattr(output, "num_cached_tokens", 0) or 0),
+                cached_tokens=_cached_tokens(output),
             )
         delta = protocol.Delta(
             request_id=item.request.request_id,
@@ -618,12 +618,22 @@ def _field(fields: Any, name: bytes) -> bytes | None:
 
 
 def _prompt_tokens(output: Any, known: int) -> int:
+    usage = getattr(output, "usage", None)
+    if usage is not None and getattr(usage, "prompt_tokens", 0):
+        return int(usage.prompt_tokens)
     for name in ("num_prompt_tokens", "prompt_tokens"):
         value = getattr(output, name, None)
         if isinstance(value, int) and value > 0:
             return value
     ids = getattr(output, "prompt_token_ids", None)
     return len(ids) if ids else known
+
+
+def _cached_tokens(output: Any) -> int:
+    usage = getattr(output, "usage", None)
+    if usage is not None:
+        return int(getattr(usage, "cached_tokens", 0) or 0)
+    return int(getattr(output, "num_cached_tokens", 0) or 0)
 
 
 def _rejection_code(exc: ValueError) -> protocol.ErrorCode:
@@ -717,6 +727,7 @@ async def serve(args: argparse.Namespace) -> int:
         await started
     redis = aioredis.from_url(args.redis_url, socket_connect_timeout=2.0, health_check_interval=10)
     worker = Worker(engine, redis, options, metrics)
+    health.refresh = lambda: metrics.observe_engine_stats(engine.stats())
     try:
         backoff = _Backoff()
         while not stop.is_set():
