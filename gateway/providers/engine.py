@@ -296,6 +296,7 @@ class _Call:
         self.next_seq = 0
         self.prompt_tokens = 0
         self.delivered = 0
+        self.unshown = 0
         self.finished = False
 
     def accept(self, delta: protocol.Delta) -> GenerationChunk | None:
@@ -311,19 +312,24 @@ class _Call:
         if delta.usage is not None:
             self.prompt_tokens = delta.usage.prompt_tokens
         self.delivered += len(delta.token_ids)
+        # A token whose text the detokenizer holds back (part of a UTF-8 character) travels
+        # with the next chunk that has text, so counting chunks' tokens counts what was shown.
+        self.unshown += len(delta.token_ids)
         usage = None
         if delta.finish_reason is not None:
             self.finished = True
             cached = delta.usage.cached_tokens if delta.usage else 0
             usage = protocol.Usage(self.prompt_tokens, self.delivered, cached)
-        if not delta.text and not delta.token_ids and delta.finish_reason is None:
+        elif not delta.text:
             return None
-        return GenerationChunk(
+        chunk = GenerationChunk(
             text=delta.text,
             finish_reason=delta.finish_reason,
             usage=usage,
-            num_tokens=len(delta.token_ids),
+            num_tokens=self.unshown,
         )
+        self.unshown = 0
+        return chunk
 
     def error(self, status: int, code: str, message: str, retryable: bool = False) -> ProviderError:
         self.finished = code not in {"timeout", "service_unavailable", "no_worker_available"}
@@ -332,7 +338,7 @@ class _Call:
             retryable=retryable or (self.worker_id is None and status in {503, 504}),
             status_code=status,
             code=code,
-            usage=protocol.Usage(self.prompt_tokens, self.delivered),
+            usage=protocol.Usage(self.prompt_tokens, self.delivered - self.unshown),
         )
 
 
