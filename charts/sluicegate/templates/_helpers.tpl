@@ -142,8 +142,6 @@ a clear message when neither is set, so a broken release never starts.
 {{- if $root.Values.otel.endpoint }}
 - name: OTEL_EXPORTER_OTLP_ENDPOINT
   value: {{ $root.Values.otel.endpoint | quote }}
-- name: OTEL_EXPORTER_OTLP_PROTOCOL
-  value: {{ $root.Values.otel.protocol | quote }}
 - name: OTEL_SERVICE_NAME
   value: {{ printf "%s-%s" $root.Values.otel.serviceNamePrefix .component | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES
