@@ -245,11 +245,6 @@ class RateLimiter:
         delta = actual_tokens - admission.reserved_tokens
         await self._evalsha("_settle_sha", SETTLE_LUA, keys, [delta, admission.request_id])
 
-    async def ensure_loaded(self) -> None:
-        """Reload the scripts if Redis forgot them (for callers that pipeline EVALSHA)."""
-        if not self._settle_sha or not (await self._redis.script_exists(self._settle_sha))[0]:
-            await self.load()
-
 
 def _rejection(
     code: int,

@@ -42,6 +42,8 @@ class Settings:
     usage_stream: str = "sg:usage"
     usage_flush_interval_s: float = 0.5
     usage_flush_batch: int = 500
+    run_usage_flusher: bool = True
+    """Run a usage flusher in this gateway process (any number of replicas may)."""
     cooldown_failures: int = 3
     cooldown_s: float = 30.0
     worker_heartbeat_ttl_s: float = 5.0

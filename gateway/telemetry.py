@@ -17,7 +17,8 @@ from typing import Any
 
 from litestar import Response, get
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Tracer
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Tracer
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -83,11 +84,11 @@ def metrics_endpoint() -> Response[bytes]:
 _configured = False
 
 
-def setup_tracing(service_name: str = "sluicegate-gateway") -> None:
+def setup_tracing(service_name: str = "sluicegate-gateway") -> bool:
     """Install an OTLP-exporting tracer provider once, if an OTLP endpoint is configured."""
     global _configured
     if _configured or not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return
+        return _configured
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -97,16 +98,25 @@ def setup_tracing(service_name: str = "sluicegate-gateway") -> None:
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(provider)
     _configured = True
+    return True
+
+
+def tracing_enabled() -> bool:
+    return _configured
 
 
 def tracer() -> Tracer:
     return trace.get_tracer("sluicegate.gateway")
 
 
-def server_span(name: str, headers: Mapping[str, str]) -> Any:
+def start_server_span(name: str, headers: Mapping[str, str], start_time: int) -> Span:
     """The HTTP server span, continuing the caller's trace when it sent ``traceparent``."""
     context = propagate.extract(headers) if "traceparent" in headers else None
-    return tracer().start_as_current_span(name, context=context, kind=SpanKind.SERVER)
+    return tracer().start_span(name, context=context, kind=SpanKind.SERVER, start_time=start_time)
+
+
+def child_context(parent: Span | None) -> Context | None:
+    return trace.set_span_in_context(parent) if parent is not None else None
 
 
 def current_traceparent() -> str | None:

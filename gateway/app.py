@@ -1,0 +1,132 @@
+"""``create_app``: the gateway's wiring — services in the lifespan, routes, error handlers.
+
+The request path stays thin on purpose: no middleware stack, the key check is a guard, and the
+``x-request-id`` header (and the HTTP server span, when tracing is on) rides on a ``before_send``
+hook, which also sees responses produced by exception handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from litestar.types import Message, Scope
+from opentelemetry.trace import Span, StatusCode
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.api.admin import AdminController
+from gateway.api.health import HealthController
+from gateway.api.openai import OpenAIController, Services, new_request_id, request_state
+from gateway.auth import KeyCache
+from gateway.db.session import create_engine, create_sessionmaker
+from gateway.errors import EXCEPTION_HANDLERS
+from gateway.limits import RateLimiter
+from gateway.routing import Router
+from gateway.settings import Settings
+from gateway.telemetry import metrics_endpoint, setup_tracing
+from gateway.usage import UsageFlusher, UsageRecorder
+
+logger = logging.getLogger(__name__)
+
+REDIS_CONNECT_TIMEOUT_S = 1.0
+REDIS_COMMAND_TIMEOUT_S = 5.0
+"""Bounds every request-path Redis call, so a hung Redis becomes a prompt 503."""
+
+
+async def _stamp_response(message: Message, scope: Scope) -> None:
+    """``before_send`` hook: every response gets ``x-request-id``; the server span ends."""
+    if message["type"] == "http.response.start":
+        state = request_state(scope)
+        request_id = state.get("request_id")
+        if request_id is None:
+            request_id = state["request_id"] = new_request_id()
+        message["headers"] = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
+        span: Span | None = state.get("server_span")
+        if span is not None:
+            status = message["status"]
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(StatusCode.ERROR)
+    elif message["type"] == "http.response.body" and not message.get("more_body", False):
+        span = request_state(scope).pop("server_span", None)
+        if span is not None:
+            span.end()
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    settings = settings or Settings.from_env()
+    setup_tracing()
+    # httpx logs every upstream call at INFO: a cost on each request, and noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        redis = Redis.from_url(
+            settings.redis_url,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_COMMAND_TIMEOUT_S,
+        )
+        # Subscriptions idle for long stretches, so they get a client without a read timeout.
+        redis_pubsub = Redis.from_url(
+            settings.redis_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
+        )
+        db_engine = create_engine(settings.database_url)
+        sessionmaker = create_sessionmaker(db_engine)
+        key_cache = KeyCache(redis_pubsub, sessionmaker, settings)
+        limiter = RateLimiter(redis, slot_ttl_s=settings.request_timeout_s)
+        router = Router.from_settings(settings, redis)
+        flusher = (
+            UsageFlusher(redis, sessionmaker, settings) if settings.run_usage_flusher else None
+        )
+        app.state.update(
+            settings=settings,
+            redis=redis,
+            db_engine=db_engine,
+            db_sessionmaker=sessionmaker,
+            key_cache=key_cache,
+            router=router,
+            services=Services(
+                settings=settings,
+                router=router,
+                limiter=limiter,
+                recorder=UsageRecorder(redis, settings),
+                redis=redis,
+            ),
+        )
+        try:
+            await limiter.load()
+        except RedisError as exc:
+            logger.warning("Redis not reachable at start (%s); scripts load on first use", exc)
+        await key_cache.start()
+        if flusher is not None:
+            await flusher.start()
+        try:
+            yield
+        finally:
+            if flusher is not None:
+                await flusher.stop()
+            await key_cache.stop()
+            await router.close()
+            await db_engine.dispose()
+            await redis_pubsub.aclose()
+            await redis.aclose()
+
+    return Litestar(
+        route_handlers=[OpenAIController, AdminController, HealthController, metrics_endpoint],
+        lifespan=[lifespan],
+        exception_handlers=EXCEPTION_HANDLERS,
+        before_send=[_stamp_response],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="Sluicegate",
+            version="0.1.0",
+            description="OpenAI-compatible gateway in front of Sluicegate engines and upstreams.",
+            path="/schema",
+        ),
+        state=State({"settings": settings}),
+    )
