@@ -159,10 +159,15 @@ class BlockManager:
         """
         if seq.block_table:
             raise RuntimeError(f"{seq.request_id} already holds blocks")
+        hashes: list[int] = []
         for block_id in cached_blocks:
+            block_hash = self.blocks[block_id].block_hash
+            if block_hash is None:
+                raise RuntimeError(f"block {block_id} left the prefix cache since it matched")
+            hashes.append(block_hash)
             self._ref(block_id)
         seq.block_table = list(cached_blocks)
-        seq.block_hashes = [self.blocks[block_id].block_hash for block_id in cached_blocks]  # type: ignore[misc]
+        seq.block_hashes = hashes
         seq.num_cached_tokens = seq.num_computed_tokens = len(cached_blocks) * self.block_size
         self._grow(seq, num_tokens)
         if self.enable_prefix_caching:
@@ -211,7 +216,8 @@ class BlockManager:
         else:
             block_id, _ = self._cached.popitem(last=False)
             block = self.blocks[block_id]
-            del self._hash_to_block[block.block_hash]  # type: ignore[arg-type]
+            assert block.block_hash is not None, "only hashed blocks are kept as cached"
+            del self._hash_to_block[block.block_hash]
             block.block_hash = None
         self.blocks[block_id].ref_count = 1
         return block_id
