@@ -159,3 +159,32 @@ def test_build_targets_exist_in_the_dockerfile(compose: dict[str, Any]) -> None:
     }
     assert targets == {"gateway", "engine"}
     assert targets <= stages
+
+
+def test_observability_profile_scrapes_every_role_and_loads_the_dashboard(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    assert (
+        services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["observability"]
+    )
+    scrape = yaml.safe_load(compose["configs"]["prometheus"]["content"])
+    targets = {
+        target
+        for job in scrape["scrape_configs"]
+        for static in job["static_configs"]
+        for target in static["targets"]
+    }
+    gateway_port = services["gateway"]["command"][-1]
+    engine_port = services["engine"]["command"][
+        services["engine"]["command"].index("--metrics-port") + 1
+    ]
+    assert targets == {
+        f"gateway:{gateway_port}",
+        f"engine:{engine_port}",
+        f"engine-cpu:{engine_port}",
+    }
+    provider = yaml.safe_load(compose["configs"]["grafana-dashboards"]["content"])["providers"][0]
+    mounts = dict(volume.split(":")[:2] for volume in services["grafana"]["volumes"])
+    host_dir = {container: host for host, container in mounts.items()}[provider["options"]["path"]]
+    assert (COMPOSE_FILE.parent / host_dir / "sluicegate.json").is_file()
