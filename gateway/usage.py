@@ -126,6 +126,8 @@ class UsageFlusher:
 
     async def start(self) -> None:
         self._stopping.clear()
+        with contextlib.suppress(RedisError):
+            await self.ensure_group()  # else the loop keeps trying
         self._task = asyncio.create_task(self.run(), name=f"usage-flusher-{self.consumer}")
 
     async def stop(self, timeout_s: float = 5.0) -> None:
@@ -139,12 +141,17 @@ class UsageFlusher:
 
     async def run(self) -> None:
         backoff_s = 0.05
+        group_ready = False
         while not self._stopping.is_set():
             try:
-                await self.ensure_group()
+                if not group_ready:
+                    await self.ensure_group()
+                    group_ready = True
                 count = await self.flush_once()
                 backoff_s = 0.05
             except RedisError as exc:
+                # NOGROUP (the stream was deleted) or a lost server: recreate to be safe.
+                group_ready = False
                 logger.warning("usage flusher: redis unavailable (%s); retrying", exc)
                 await self._pause(backoff_s)
                 backoff_s = min(backoff_s * 2, self._max_backoff_s)
