@@ -140,6 +140,18 @@ def test_engine_reserves_a_gpu_and_a_cpu_profile_runs_without_one(
     assert engine["shm_size"]
 
 
+def test_engine_worker_accepts_the_compose_flags_and_drains_before_the_kill(
+    compose: dict[str, Any],
+) -> None:
+    from engine.worker import build_parser
+
+    engine = compose["services"]["engine"]
+    parsed = build_parser().parse_args(engine["command"][1:])
+    grace_minutes = re.fullmatch(r"(\d+)m", engine["stop_grace_period"])
+    assert grace_minutes
+    assert 0 < parsed.drain_timeout < int(grace_minutes[1]) * 60
+
+
 def test_gateway_routes_the_served_model(compose: dict[str, Any]) -> None:
     gateway = compose["services"]["gateway"]
     assert gateway["environment"]["SLUICEGATE_CONFIG"] == "/etc/sluicegate/routing.yaml"

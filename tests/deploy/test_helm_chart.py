@@ -177,6 +177,19 @@ def test_engine_pod_carries_model_flags_scheduling_shm_and_drain_time(
     assert "SLUICEGATE_DATABASE_URL" not in env_of(container)
 
 
+@pytest.mark.parametrize("name", [ENGINE, CPU_ENGINE])
+def test_engine_worker_accepts_the_chart_flags_and_drains_within_the_grace_period(
+    all_manifests: list[Manifest], name: str
+) -> None:
+    from engine.worker import build_parser
+
+    spec = pod_spec(one(all_manifests, "Deployment", name))
+    args = spec["containers"][0]["args"]
+    assert args[0] == "engine"
+    parsed = build_parser().parse_args(args[1:])
+    assert 0 < parsed.drain_timeout < spec["terminationGracePeriodSeconds"]
+
+
 def test_probes_and_engine_readiness_after_model_load(required_manifests: list[Manifest]) -> None:
     gateway = pod_spec(one(required_manifests, "Deployment", GATEWAY))["containers"][0]
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
