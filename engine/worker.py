@@ -381,9 +381,9 @@ class Worker:
             item.last_delta_at = now
         if finish_reason is None and not token_ids and not getattr(output, "text", ""):
             return
-        first = not item.started
+        text = getattr(output, "text", "") or ""
         usage = None
-        if first or finish_reason is not None:
+        if item.seq == 0 or finish_reason is not None:
             usage = protocol.Usage(
                 prompt_tokens=item.prompt_tokens,
                 completion_tokens=item.completion_tokens,
@@ -392,19 +392,19 @@ class Worker:
         delta = protocol.Delta(
             request_id=item.request.request_id,
             seq=item.seq,
-            text=getattr(output, "text", "") or "",
+            text=text,
             token_ids=token_ids,
             finish_reason=finish_reason,
             usage=usage,
             worker_id=self.options.worker_id,
         )
         item.seq += 1
-        item.started = True
-        started = (
-            protocol.started_key(self.options.model_name, item.request.request_id)
-            if first
-            else None
-        )
+        # "Started" means the client may have been shown text: from then on the request
+        # cannot move to another worker. Tokens without text yet are invisible to the client.
+        started = None
+        if not item.started and (text or finish_reason is not None):
+            item.started = True
+            started = protocol.started_key(self.options.model_name, item.request.request_id)
         if finish_reason is not None:
             self._finish(item, delta, started)
         else:

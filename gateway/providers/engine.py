@@ -173,7 +173,7 @@ class EngineProvider:
             left = call.deadline - time.time()
             if left <= 0:
                 raise call.error(504, "timeout", "The request exceeded its deadline.")
-            if call.worker_id is None and now > first_token_by:
+            if not call.shown and now > first_token_by:
                 raise call.error(504, "timeout", "No engine worker started the request in time.")
             try:
                 async with asyncio.timeout(min(left, _LIVENESS_CHECK_S)):
@@ -204,9 +204,9 @@ class EngineProvider:
             workers = await self.live_workers()
         except (RedisError, OSError, TimeoutError) as exc:
             raise call.error(503, "service_unavailable", f"Redis is unavailable: {exc}") from exc
-        if call.worker_id is not None and call.worker_id not in workers:
+        if call.shown and call.worker_id not in workers:
             raise call.error(502, "worker_lost", "The engine worker serving this request was lost.")
-        if call.worker_id is None and not workers:
+        if not call.shown and not workers:
             raise call.error(
                 503,
                 "no_worker_available",
@@ -297,13 +297,16 @@ class _Call:
         self.prompt_tokens = 0
         self.delivered = 0
         self.unshown = 0
+        self.shown = False
         self.finished = False
 
     def accept(self, delta: protocol.Delta) -> GenerationChunk | None:
-        if self.worker_id is None:
+        if delta.worker_id != self.worker_id:
+            if self.shown:
+                return None  # a second worker took over a request the first was still serving
+            # Nothing was shown yet, so another worker may take over from scratch.
             self.worker_id = delta.worker_id
-        elif delta.worker_id != self.worker_id:
-            return None  # a second worker took over a request the first was still serving
+            self.next_seq = self.delivered = self.unshown = 0
         if delta.seq < self.next_seq:
             return None
         if delta.seq > self.next_seq:
@@ -322,6 +325,7 @@ class _Call:
             usage = protocol.Usage(self.prompt_tokens, self.delivered, cached)
         elif not delta.text:
             return None
+        self.shown = True
         chunk = GenerationChunk(
             text=delta.text,
             finish_reason=delta.finish_reason,
@@ -335,7 +339,7 @@ class _Call:
         self.finished = code not in {"timeout", "service_unavailable", "no_worker_available"}
         return ProviderError(
             message,
-            retryable=retryable or (self.worker_id is None and status in {503, 504}),
+            retryable=retryable or (not self.shown and status in {503, 504}),
             status_code=status,
             code=code,
             usage=protocol.Usage(self.prompt_tokens, self.delivered - self.unshown),

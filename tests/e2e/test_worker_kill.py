@@ -1,0 +1,120 @@
+"""Two workers, twenty concurrent streams, one worker SIGKILLed mid-run.
+
+Every request must end within its deadline: either complete and equal to the offline greedy
+output, or (only if it had already streamed tokens) end with a clear ``worker_lost`` error.
+Requests that had not started are served by the surviving worker. Billed == shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+
+NUM_REQUESTS = 20
+MAX_TOKENS = 160
+DEADLINE_S = 60.0
+
+
+class _Flowing:
+    """Set once ``needed`` streams have shown text."""
+
+    def __init__(self, needed: int) -> None:
+        self.needed = needed
+        self.event = asyncio.Event()
+
+    def one_started(self) -> None:
+        self.needed -= 1
+        if self.needed <= 0:
+            self.event.set()
+
+
+async def _stream_one(client: Any, model: str, prompt: str, flowing: _Flowing) -> dict:
+    result: dict[str, Any] = {"text": "", "error": None, "finish": None, "started": False}
+    began = time.monotonic()
+    try:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[{"role": "user", "content": prompt}],
+            stream=True,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+        result["request_id"] = raw.headers["x-request-id"]
+        async for chunk in await raw.parse():
+            for choice in chunk.choices:
+                text = choice.delta.content or ""
+                if text and not result["started"]:
+                    result["started"] = True
+                    flowing.one_started()
+                result["text"] += text
+                result["finish"] = choice.finish_reason or result["finish"]
+    except Exception as exc:
+        result["error"] = exc
+    result["elapsed"] = time.monotonic() - began
+    return result
+
+
+def _prompt(i: int) -> str:
+    return f"Story number {i} about a river."
+
+
+async def _run(gateway: Any, model: str, victim: Any) -> list[dict]:
+    client = gateway.async_openai(max_retries=0, timeout=DEADLINE_S)
+    flowing = _Flowing(4)
+    tasks = [
+        asyncio.create_task(_stream_one(client, model, _prompt(i), flowing))
+        for i in range(NUM_REQUESTS)
+    ]
+    # Kill once a few streams are flowing: some of the victim's requests are then mid-way,
+    # others (waiting in its engine or not yet pulled) have not produced a token.
+    await flowing.event.wait()
+    victim.popen.send_signal(signal.SIGKILL)
+    async with asyncio.timeout(DEADLINE_S + 30):
+        return await asyncio.gather(*tasks)
+
+
+def test_sigkilled_worker_loses_only_started_requests(
+    cluster: Any, gateway: Any, redis_url: str, reference: Any, tools: SimpleNamespace
+) -> None:
+    model = tools.model_name("e2e-kill")
+    # Few sequences per worker, so most requests wait in the stream or in an engine queue.
+    options = ("--max-num-seqs", "3", "--claim-idle", "2", "--heartbeat-ttl", "2")
+    survivor = cluster.worker(model, redis_url, *options)
+    victim = cluster.worker(model, redis_url, *options)
+    gateway.wait_model(model)
+
+    results = asyncio.run(_run(gateway, model, victim))
+    assert victim.popen.wait(5) == -signal.SIGKILL
+    assert survivor.alive()
+
+    completed = [r for r in results if r["error"] is None]
+    failed = [r for r in results if r["error"] is not None]
+    assert len(completed) + len(failed) == NUM_REQUESTS
+    assert all(r["elapsed"] < DEADLINE_S for r in results), "a request hung"
+    assert completed, "the surviving worker should have served the rest"
+    for r in failed:
+        # Only a request that had already streamed may fail, and it says why.
+        assert r["started"], f"an unstarted request failed: {r['error']!r}"
+        assert "lost" in str(r["error"]).lower(), r["error"]
+
+    by_request = {}
+    for i, r in enumerate(results):
+        want = reference.chat(_prompt(i), MAX_TOKENS)
+        if r["error"] is None:
+            assert r["finish"] == "length"
+            assert r["text"] == want.text
+            by_request[r["request_id"]] = ("ok", MAX_TOKENS)
+        else:
+            by_request[r["request_id"]] = ("error", reference.tokens_shown(want, r["text"]))
+
+    rows = gateway.wait_usage_rows(NUM_REQUESTS, timeout=20)
+    billed = {r["request_id"]: (r["status"], r["completion_tokens"]) for r in rows}
+    assert {rid: billed.get(rid) for rid in by_request} == by_request
