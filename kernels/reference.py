@@ -100,25 +100,32 @@ def _decode(
     max_seq_len: int,
     softmax_scale: float,
 ) -> torch.Tensor:
-    """One query per request: gather every request's blocks padded to the longest, mask, matmul."""
+    """One query per request: gather all requests' blocks padded to the longest, mask, one SDPA.
+
+    The query heads sharing a KV head become SDPA's query length, so K/V are never repeated.
+    """
     batch, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
     num_blocks = -(-max_seq_len // block_size)
     # Table entries past a request's length may hold any filler (often -1); they are masked.
-    tables = block_tables[:, :num_blocks].long().clamp(min=0)
-    keys = k_cache[tables].reshape(batch, -1, num_kv_heads, head_dim).float()
-    values = v_cache[tables].reshape(batch, -1, num_kv_heads, head_dim).float()
-    queries = q.float().reshape(batch, num_kv_heads, group, head_dim)
+    tables = block_tables[:, :num_blocks].reshape(-1).long().clamp(min=0)
+    keys = _gather(k_cache, tables).view(batch, num_blocks * block_size, num_kv_heads, head_dim)
+    values = _gather(v_cache, tables).view(batch, num_blocks * block_size, num_kv_heads, head_dim)
 
     positions = torch.arange(keys.shape[1], device=q.device)
-    beyond = positions[None, :] >= seq_lens[:, None].to(positions.device)
-    # Slots past a request's end may hold anything, NaN included, and 0 * NaN is NaN.
-    values = values.masked_fill(beyond[:, :, None, None], 0.0)
-    scores = torch.einsum("bkgd,blkd->bkgl", queries, keys) * softmax_scale
-    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bkgl,blkd->bkgd", probs, values)
+    visible = positions[None, :] < seq_lens[:, None].to(q.device)
+    # Slots past a request's end may hold anything, NaN included, which a mask does not
+    # neutralise (NaN - inf and 0 * NaN are NaN), so they are zeroed.
+    hidden_seq, hidden_pos = (~visible).nonzero(as_tuple=True)
+    keys[hidden_seq, hidden_pos] = 0.0
+    values[hidden_seq, hidden_pos] = 0.0
+    out = F.scaled_dot_product_attention(
+        q.float().view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim),
+        keys.transpose(1, 2),
+        values.transpose(1, 2),
+        attn_mask=visible[:, None, None, :],
+        scale=softmax_scale,
+    )
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)
 
 
@@ -133,24 +140,31 @@ def _prefill_one(
     """Several queries of one request: gather its keys contiguously and run SDPA causally.
 
     The causal mask is bottom-right aligned (the queries are the last tokens), which SDPA's
-    ``is_causal`` does not do when there are fewer queries than keys, so the mask is explicit.
+    ``is_causal`` matches only when there is no cached prefix, so otherwise it is explicit.
     """
     q_len = q.shape[0]
-    block_size, num_kv_heads, head_dim = k_cache.shape[1:]
-    num_blocks = -(-seq_len // block_size)
-    table = block_table[:num_blocks].long()
-    keys = k_cache[table].reshape(-1, num_kv_heads, head_dim)[:seq_len]
-    values = v_cache[table].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+    block_size = k_cache.shape[1]
+    table = block_table[: -(-seq_len // block_size)].long()
+    keys = _gather(k_cache, table).flatten(0, 1)[:seq_len]
+    values = _gather(v_cache, table).flatten(0, 1)[:seq_len]
 
-    query_positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
-    key_positions = torch.arange(seq_len, device=q.device)
-    visible = key_positions[None, :] <= query_positions[:, None]
+    visible = None
+    if q_len != seq_len:
+        query_positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        key_positions = torch.arange(seq_len, device=q.device)
+        visible = key_positions[None, :] <= query_positions[:, None]
     out = F.scaled_dot_product_attention(
         q.float().transpose(0, 1),
-        keys.float().transpose(0, 1),
-        values.float().transpose(0, 1),
+        keys.transpose(0, 1),
+        values.transpose(0, 1),
         attn_mask=visible,
+        is_causal=visible is None,
         scale=softmax_scale,
         enable_gqa=True,
     )
     return out.transpose(0, 1).to(q.dtype)
+
+
+def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """A fresh fp32 copy of the given cache blocks (softmax maths stays fp32 for fp16/bf16)."""
+    return cache.index_select(0, blocks).float()

@@ -77,3 +77,11 @@ def test_reference_import_leaves_triton_out() -> None:
 
     code = "import sys, kernels.reference; assert 'triton' not in sys.modules, 'triton loaded'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_paged_attention_leaves_the_cache_untouched(make_paged_case, ragged_specs) -> None:
+    case = make_paged_case(ragged_specs[16], 4, 2, 64, 16)
+    k_before, v_before = case.k_cache.clone(), case.v_cache.clone()
+    reference.paged_attention(*case.args())
+    assert torch.equal(case.k_cache.nan_to_num(), k_before.nan_to_num())
+    assert torch.equal(case.v_cache.nan_to_num(), v_before.nan_to_num())
