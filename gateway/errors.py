@@ -8,6 +8,7 @@ too, so a client never sees Litestar's default body.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from litestar import Request, Response
@@ -133,12 +134,22 @@ def openai_error_handler(_: Request[Any, Any, Any], exc: OpenAIError) -> Respons
     return _response(exc.status_code, exc.body(), exc.headers)
 
 
+_MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
+
+
 def _validation_param(exc: ValidationException) -> str | None:
     extra = exc.extra
     if isinstance(extra, list) and extra and isinstance(extra[0], dict):
         key = extra[0].get("key")
         if isinstance(key, str) and key:
-            return key.removeprefix("$.")
+            path = key.removeprefix("$.")
+            # Litestar names the object that lacks a field ("data" for the body itself);
+            # OpenAI's param names the missing field.
+            missing = _MISSING_FIELD.search(str(extra[0].get("message", "")))
+            if missing:
+                field = missing.group(1)
+                return field if path in {"data", "$"} else f"{path}.{field}"
+            return path
     return None
 
 

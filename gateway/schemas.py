@@ -1,15 +1,14 @@
 """OpenAI request and response bodies as msgspec structs.
 
-Requests are decoded straight from the raw body with msgspec (fast, and its error path names
-the offending field, which becomes the OpenAI error's ``param``). Responses are encoded the
-same way; field order and ``null``s follow OpenAI's objects so strict clients parse them.
+Litestar decodes request bodies into these with msgspec (its validation errors name the field,
+which becomes the OpenAI error's ``param``); ``check`` adds the rules a type cannot say.
+Responses are encoded with msgspec too; field order and ``null``s follow OpenAI's objects.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -17,7 +16,6 @@ from msgspec import Meta
 from engine.protocol import ChatMessage, Sampling
 from gateway.errors import InvalidRequest
 
-T = TypeVar("T")
 PositiveInt = Annotated[int, Meta(ge=1)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 
@@ -142,39 +140,6 @@ class CompletionRequest(_GenerationFields, kw_only=True):
     def prompt_token_estimate(self) -> int:
         prompt = self.single_prompt()
         return len(prompt) if isinstance(prompt, list) else math.ceil(len(prompt) / 3)
-
-
-_PATH_RE = re.compile(r"at `\$\.?([^`]*)`")
-_MISSING_RE = re.compile(r"missing required field `([^`]+)`")
-
-
-def _param_from(message: str) -> str | None:
-    """``Expected `int`, got `str` - at `$.max_tokens``` -> ``max_tokens``."""
-    path_match = _PATH_RE.search(message)
-    path = path_match.group(1) if path_match else ""
-    missing = _MISSING_RE.search(message)
-    if missing:
-        path = f"{path}.{missing.group(1)}" if path else missing.group(1)
-    return path or None
-
-
-def decode_request(body: bytes, kind: type[T]) -> T:
-    """Decode and validate a request body; every failure is a 400 naming the field."""
-    if not body:
-        raise InvalidRequest("The request body is empty; expected a JSON object.")
-    try:
-        request = msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        message = str(exc)
-        param = _param_from(message)
-        text = message.split(" - at ")[0]
-        raise InvalidRequest(
-            f"Invalid value for '{param}': {text}" if param else text, param=param
-        ) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
-    request.check()  # type: ignore[attr-defined]
-    return request
 
 
 # ---- responses -------------------------------------------------------------------------------

@@ -1,0 +1,155 @@
+"""One gateway (uvicorn, real PostgreSQL and Redis) per test module, in front of a real upstream.
+
+Models of the routing config (``upstream`` names the upstream's behaviour, see servers.py):
+``echo`` (alias ``echo-alias``), ``slow``, ``ctx``, ``breaks``; ``flaky`` = a refused port,
+then ``echo``; ``dead`` = only a refused port; ``boom`` = only a 500-answering deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+import redis
+import yaml
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from gateway.app import create_app
+from gateway.db.migrate import upgrade
+from gateway.settings import Settings
+from gateway.usage import EVENT_FIELD, UsageEvent
+
+from .servers import ServerThread, Upstream, dead_port
+
+
+async def _admin_sql(url: str, statement: str) -> None:
+    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def api_database_url(admin_database_url: str) -> Iterator[str]:
+    name = f"sg_api_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin_sql(admin_database_url, f'CREATE DATABASE "{name}"'))
+    url = make_url(admin_database_url).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    yield url
+    asyncio.run(_admin_sql(admin_database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[tuple[Upstream, str]]:
+    app = Upstream()
+    server = ServerThread(app).start()
+    yield app, server.url + "/v1"
+    server.stop()
+
+
+def routing_config(upstream_url: str) -> dict[str, Any]:
+    def openai(model: str, base_url: str = upstream_url, **extra: Any) -> dict[str, Any]:
+        return {"provider": "openai", "base_url": base_url, "model": model, **extra}
+
+    refused = f"http://127.0.0.1:{dead_port()}/v1"
+    return {
+        "models": [
+            {"name": "echo", "aliases": ["echo-alias"], "deployments": [openai("echo")]},
+        ]
+        + [{"name": name, "deployments": [openai(name)]} for name in ("slow", "ctx", "breaks")]
+        + [
+            {
+                "name": "flaky",
+                "deployments": [
+                    openai("echo", refused, name="refused", weight=100),
+                    openai("echo", name="good", weight=1),
+                ],
+            },
+            {"name": "dead", "deployments": [openai("echo", refused, name="dead-one")]},
+            {"name": "boom", "deployments": [openai("boom", name="boom-one")]},
+        ]
+    }
+
+
+@pytest.fixture(scope="module")
+def api_settings(
+    api_database_url: str,
+    redis_url: str,
+    upstream: tuple[Upstream, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Settings:
+    config = Path(tmp_path_factory.mktemp("routing")) / "models.yaml"
+    config.write_text(yaml.safe_dump(routing_config(upstream[1])))
+    unique = uuid.uuid4().hex[:10]
+    return Settings.from_env(
+        database_url=api_database_url,
+        redis_url=redis_url,
+        master_key=f"sg-master-{unique}",
+        config=str(config),
+        usage_stream=f"sg:usage:apitest:{unique}",
+        run_usage_flusher=False,
+        cooldown_failures=2,
+        cooldown_s=60.0,
+        first_token_timeout_s=5.0,
+        max_body_bytes=64 * 1024,
+    )
+
+
+@pytest.fixture(scope="module")
+def gateway(api_settings: Settings) -> Iterator[str]:
+    server = ServerThread(create_app(api_settings)).start()
+    yield server.url
+    server.stop()
+    client = redis.Redis.from_url(api_settings.redis_url)
+    client.delete(api_settings.usage_stream)
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def make_key(gateway: str, api_settings: Settings) -> Callable[..., str]:
+    """Creates a key over the admin API; returns its plaintext."""
+
+    def create(**limits: Any) -> str:
+        response = httpx.post(
+            f"{gateway}/admin/keys",
+            json={"name": f"test-{uuid.uuid4().hex[:6]}", **limits},
+            headers={"authorization": f"Bearer {api_settings.master_key}"},
+        )
+        assert response.status_code == 201, response.text
+        return str(response.json()["key"])
+
+    return create
+
+
+@pytest.fixture(scope="module")
+def usage_events(api_settings: Settings) -> Iterator[Callable[..., list[UsageEvent]]]:
+    """``usage_events(request_id)``: the usage events recorded for one request (waits briefly
+    for settlement, which follows a streamed response)."""
+    client = redis.Redis.from_url(api_settings.redis_url)
+    decoder = msgspec.json.Decoder(UsageEvent)
+
+    def read(request_id: str, *, wait_s: float = 2.0, expect: int = 1) -> list[UsageEvent]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            events = [
+                event
+                for _, fields in client.xrange(api_settings.usage_stream)
+                if (event := decoder.decode(fields[EVENT_FIELD])).request_id == request_id
+            ]
+            if len(events) >= expect or time.monotonic() > deadline:
+                return events
+            time.sleep(0.02)
+
+    yield read
+    client.close()
