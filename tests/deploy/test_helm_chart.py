@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shlex
 from typing import TYPE_CHECKING, Any
 
 import helm_python as helm
@@ -387,3 +388,21 @@ def test_values_schema_rejects_bad_values_at_install_time(
     values = {**chart.ci_values("required"), **bad}
     with pytest.raises(helm.HelmValuesError, match=re.escape(f"at '{where}'")):
         chart.render_files(values)
+
+
+def test_the_documented_installs_render_and_validate(chart: ChartUnderTest) -> None:
+    """The deployment docs' my-values.yaml and --set trial install both work as written."""
+    repo = chart.directory.parents[1]
+    docs = [repo / "README.md", repo / "docs" / "deploy.md"]
+    doc = next(t for p in docs if p.is_file() and "helm install" in (t := p.read_text()))
+    my_values = yaml.safe_load(re.search(r"```yaml\n(.*?)```", doc, re.DOTALL)[1])
+    trial = re.search(r"helm install [^\n]*--create-namespace.*?\n\n", doc, re.DOTALL)
+    assert trial
+    # Unexpanded "$(openssl ...)" values stand in for the generated secrets.
+    tokens = shlex.split(trial[0].replace("\\\n", " "))
+    sets = [tokens[i + 1] for i, token in enumerate(tokens) if token == "--set"]
+    assert len(sets) >= 4
+    set_values = helm.parse_set_string(",".join(sets))
+    for values in (my_values, set_values):
+        for manifest in chart.render(values):
+            kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
