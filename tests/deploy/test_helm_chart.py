@@ -395,7 +395,9 @@ def test_the_documented_installs_render_and_validate(chart: ChartUnderTest) -> N
     repo = chart.directory.parents[1]
     docs = [repo / "README.md", repo / "docs" / "deploy.md"]
     doc = next(t for p in docs if p.is_file() and "helm install" in (t := p.read_text()))
-    my_values = yaml.safe_load(re.search(r"```yaml\n(.*?)```", doc, re.DOTALL)[1])
+    my_values_block = re.search(r"`my-values.yaml` like:\n+```yaml\n(.*?)```", doc, re.DOTALL)
+    assert my_values_block
+    my_values = yaml.safe_load(my_values_block[1])
     trial = re.search(r"helm install [^\n]*--create-namespace.*?\n\n", doc, re.DOTALL)
     assert trial
     # Unexpanded "$(openssl ...)" values stand in for the generated secrets.
