@@ -1,59 +1,49 @@
-"""An app made of the data engineer's controllers, wired the way ``create_app`` wires them."""
+"""Fixtures of the data tests: the whole app with the master key, a key cache, a DB relay."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import dataclasses
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
 from litestar import Litestar
-from litestar.datastructures import State
 from litestar.testing import AsyncTestClient
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.api.admin import AdminController
-from gateway.api.health import HealthController
+from gateway.app import create_app
 from gateway.auth import KeyCache
-from gateway.db.session import create_engine, create_sessionmaker
-from gateway.errors import EXCEPTION_HANDLERS
 from gateway.settings import Settings
 
 
-@asynccontextmanager
-async def _services(app: Litestar) -> AsyncIterator[None]:
-    # Built inside the app's own event loop: the test client runs the app in another loop.
-    settings: Settings = app.state.settings
-    redis = Redis.from_url(settings.redis_url)
-    engine = create_engine(settings.database_url)
-    app.state.redis = redis
-    app.state.db_sessionmaker = create_sessionmaker(engine)
-    try:
-        yield
-    finally:
-        await redis.aclose()
-        await engine.dispose()
-
-
-def build_app(settings: Settings, router: Any = None) -> Litestar:
-    state: dict[str, Any] = {"settings": settings}
-    if router is not None:
-        state["router"] = router
-    return Litestar(
-        route_handlers=[AdminController, HealthController],
-        exception_handlers=EXCEPTION_HANDLERS,
-        lifespan=[_services],
-        state=State(state),
+@pytest.fixture
+def routing_yaml(tmp_path: Path) -> Path:
+    path = tmp_path / "routing.yaml"
+    path.write_text(
+        "models:\n"
+        "  - name: tiny\n"
+        "    aliases: [tiny-alias]\n"
+        "    deployments:\n"
+        "      - provider: openai\n"
+        "        base_url: http://127.0.0.1:9/v1\n"
+        "        model: upstream-tiny\n"
     )
+    return path
 
 
 @pytest.fixture
-async def admin_client(gateway_settings: Settings) -> AsyncIterator[AsyncTestClient[Litestar]]:
-    async with AsyncTestClient(build_app(gateway_settings)) as client:
-        client.headers["authorization"] = f"Bearer {gateway_settings.master_key}"
+async def admin_client(
+    gateway_settings: Settings, routing_yaml: Path
+) -> AsyncIterator[AsyncTestClient[Litestar]]:
+    """The whole gateway app (usage flusher included), holding the master key."""
+    settings = dataclasses.replace(gateway_settings, config=str(routing_yaml))
+    async with AsyncTestClient(create_app(settings)) as client:
+        client.headers["authorization"] = f"Bearer {settings.master_key}"
         yield client
 
 
@@ -73,7 +63,8 @@ class TcpProxy:
     """A TCP relay in front of PostgreSQL that a test can take down and bring back.
 
     While stopped, connections are refused and open ones are cut: to a client it looks
-    exactly like a database outage.
+    exactly like a database outage. It runs its own event loop on a thread, so it keeps
+    relaying while the test's loop is blocked (Litestar's test client blocks it).
     """
 
     def __init__(self, database_url: str) -> None:
@@ -84,6 +75,9 @@ class TcpProxy:
         self._url = url
         self._server: asyncio.Server | None = None
         self._transports: set[asyncio.BaseTransport] = set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
         self.port = 0
 
     @property
@@ -92,12 +86,27 @@ class TcpProxy:
         return proxied.render_as_string(hide_password=False)
 
     async def start(self) -> None:
+        await self._on_thread(self._start())
+
+    async def stop(self) -> None:
+        await self._on_thread(self._stop())
+
+    async def close(self) -> None:
+        await self.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        await asyncio.to_thread(self._thread.join, 5)
+        self._loop.close()
+
+    async def _on_thread(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self._loop))
+
+    async def _start(self) -> None:
         self._server = await asyncio.start_server(
             self._relay, "127.0.0.1", self.port, reuse_address=True
         )
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def stop(self) -> None:
+    async def _stop(self) -> None:
         if self._server is None:
             return
         self._server.close()
@@ -136,4 +145,4 @@ async def db_proxy(gateway_settings: Settings) -> AsyncIterator[TcpProxy]:
     proxy = TcpProxy(gateway_settings.database_url)
     await proxy.start()
     yield proxy
-    await proxy.stop()
+    await proxy.close()

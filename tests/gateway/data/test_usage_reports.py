@@ -1,0 +1,217 @@
+"""Admin usage reports from the daily rollups, the per-key budget view, health and models."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.app import create_app
+from gateway.db.usage import insert_usage
+from gateway.settings import Settings
+from gateway.usage import UsageEvent, UsageRecorder
+
+TODAY = dt.datetime.now(dt.UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+YESTERDAY = TODAY - dt.timedelta(days=1)
+LAST_MONTH = TODAY.replace(day=1) - dt.timedelta(days=1)
+_ids = itertools.count()
+
+
+def _row(
+    key_id: str, model: str, when: dt.datetime, prompt: int, completion: int
+) -> dict[str, Any]:
+    return {
+        "request_id": f"r{next(_ids)}",
+        "key_id": key_id,
+        "model": model,
+        "deployment": None,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "status": "ok",
+        "finish_reason": "stop",
+        "latency_ms": 1.0,
+        "ttft_ms": None,
+        "started_at": when,
+        "finished_at": when,
+    }
+
+
+async def _key(client: AsyncTestClient[Litestar], **fields: Any) -> str:
+    response = await client.post("/admin/keys", json={"name": "k", **fields})
+    assert response.status_code == 201
+    return response.json()["id"]
+
+
+async def _get(client: AsyncTestClient[Litestar], path: str, **params: Any) -> dict[str, Any]:
+    response = await client.get(path, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _totals(requests: int, prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "requests": requests,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+async def test_usage_grouped_filtered_and_budget(
+    admin_client: AsyncTestClient[Litestar], db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    a = await _key(admin_client, token_budget=1000, budget_period="day")
+    b = await _key(admin_client, token_budget=10_000, budget_period="month")
+    c = await _key(admin_client)
+    async with db_sessionmaker() as session, session.begin():
+        await insert_usage(
+            session,
+            [
+                _row(a, "m1", TODAY, 100, 50),
+                _row(a, "m2", TODAY, 200, 0),
+                _row(a, "m1", YESTERDAY, 300, 300),
+                _row(a, "m1", LAST_MONTH, 1, 1),
+                _row(b, "m1", TODAY, 10, 10),
+                _row(b, "m2", LAST_MONTH, 5, 5),
+                _row(c, "m1", LAST_MONTH, 7, 0),
+            ],
+        )
+
+    everything = await _get(admin_client, "/admin/usage")
+    assert everything["group_by"] is None and everything["data"] == []
+    assert everything["total"] == _totals(7, 623, 366)
+
+    by_model = await _get(admin_client, "/admin/usage", group_by="model")
+    assert by_model["data"] == [
+        {"model": "m1", **_totals(5, 418, 361)},
+        {"model": "m2", **_totals(2, 205, 5)},
+    ]
+    assert by_model["total"] == everything["total"]
+
+    by_key = {
+        row.pop("key_id"): row
+        for row in (await _get(admin_client, "/admin/usage", group_by="key"))["data"]
+    }
+    assert by_key == {a: _totals(4, 601, 351), b: _totals(2, 15, 15), c: _totals(1, 7, 0)}
+
+    recent = await _get(
+        admin_client, "/admin/usage", group_by="day", since=YESTERDAY.date().isoformat()
+    )
+    assert recent["data"] == [
+        {"day": YESTERDAY.date().isoformat(), **_totals(1, 300, 300)},
+        {"day": TODAY.date().isoformat(), **_totals(3, 310, 60)},
+    ]
+    only_yesterday = await _get(
+        admin_client,
+        "/admin/usage",
+        since=YESTERDAY.date().isoformat(),
+        until=YESTERDAY.date().isoformat(),
+    )
+    assert only_yesterday["total"] == _totals(1, 300, 300)
+    filtered = await _get(admin_client, "/admin/usage", key_id=a, model="m1")
+    assert filtered["total"] == _totals(3, 401, 351)
+
+    a_usage = await _get(admin_client, f"/admin/keys/{a}/usage", group_by="model")
+    assert a_usage["key_id"] == a and a_usage["total"] == _totals(4, 601, 351)
+    assert a_usage["budget"] == {
+        "token_budget": 1000,
+        "budget_period": "day",
+        "period_start": TODAY.date().isoformat(),
+        "used_tokens": 350,
+        "remaining_tokens": 650,
+    }
+    b_budget = (await _get(admin_client, f"/admin/keys/{b}/usage"))["budget"]
+    assert b_budget["period_start"] == TODAY.date().replace(day=1).isoformat()
+    assert (b_budget["used_tokens"], b_budget["remaining_tokens"]) == (20, 9980)
+    c_budget = (await _get(admin_client, f"/admin/keys/{c}/usage"))["budget"]
+    assert c_budget == {
+        "token_budget": None,
+        "budget_period": None,
+        "period_start": None,
+        "used_tokens": 7,
+        "remaining_tokens": None,
+    }
+
+    bad = await admin_client.get("/admin/usage", params={"group_by": "week"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "group_by"
+
+
+async def test_recorded_usage_reaches_the_admin_api_through_the_apps_flusher(
+    admin_client: AsyncTestClient[Litestar], gateway_settings: Settings, redis_client: Redis
+) -> None:
+    key_id = await _key(admin_client, token_budget=100, budget_period="month")
+    now = time.time()
+    await UsageRecorder(redis_client, gateway_settings).record(
+        UsageEvent(
+            request_id="via-app",
+            key_id=key_id,
+            model="tiny",
+            prompt_tokens=12,
+            completion_tokens=30,
+            started_at=now - 0.2,
+            finished_at=now,
+        )
+    )
+    deadline = time.monotonic() + 5.0
+    while (usage := await _get(admin_client, f"/admin/keys/{key_id}/usage"))["total"][
+        "requests"
+    ] == 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+    assert usage["total"] == _totals(1, 12, 30)
+    assert usage["budget"]["remaining_tokens"] == 58
+
+
+async def test_models_lists_the_routing_table(admin_client: AsyncTestClient[Litestar]) -> None:
+    models = (await _get(admin_client, "/admin/models"))["data"]
+    assert [m["name"] for m in models] == ["tiny"]
+    assert models[0]["aliases"] == ["tiny-alias"]
+    assert models[0]["deployments"][0]["model"] == "upstream-tiny"
+
+
+async def test_openapi_documents_every_admin_and_health_route(
+    admin_client: AsyncTestClient[Litestar],
+) -> None:
+    paths = (await admin_client.get("/schema/openapi.json")).json()["paths"]
+    for path in (
+        "/admin/keys",
+        "/admin/keys/{key_id}",
+        "/admin/keys/{key_id}/usage",
+        "/admin/usage",
+        "/admin/models",
+        "/health/live",
+        "/health/ready",
+    ):
+        assert path in paths
+
+
+async def test_readiness_follows_the_database(
+    gateway_settings: Settings, routing_yaml: Path, db_proxy: Any
+) -> None:
+    settings = dataclasses.replace(
+        gateway_settings, database_url=db_proxy.url, config=str(routing_yaml)
+    )
+    async with AsyncTestClient(create_app(settings)) as client:
+        assert (await client.get("/health/live")).json() == {"status": "ok"}
+        ready = await client.get("/health/ready")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+        await db_proxy.stop()
+        down = await client.get("/health/ready")
+        assert down.status_code == 503
+        assert down.json()["checks"]["database"].startswith("error")
+        assert down.json()["error"]["type"] == "service_unavailable"
+        assert (await client.get("/health/live")).status_code == 200
+
+        await db_proxy.start()
+        assert (await client.get("/health/ready")).status_code == 200
