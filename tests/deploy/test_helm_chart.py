@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shlex
+import socket
+import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import helm_python as helm
@@ -238,11 +242,31 @@ def test_migration_job_is_a_hook_that_waits_for_the_database(
     assert "serviceAccountName" not in spec
 
 
-def test_wait_for_database_script_is_valid_python(required_manifests: list[Manifest]) -> None:
+def test_wait_for_database_init_container_waits_then_gives_up(
+    required_manifests: list[Manifest],
+) -> None:
     init = pod_spec(one(required_manifests, "Job", MIGRATE))["initContainers"][0]
     assert init["command"] == ["python", "-c"]
-    compile(init["args"][0], "wait-for-database", "exec")
     assert env_of(init)["WAIT_TIMEOUT_SECONDS"]["value"] == "300"
+
+    def run_init(port: int, timeout_s: str) -> subprocess.CompletedProcess[str]:
+        env = {
+            **os.environ,
+            "SLUICEGATE_DATABASE_URL": f"postgresql+asyncpg://u:p@127.0.0.1:{port}/db",
+            "WAIT_TIMEOUT_SECONDS": timeout_s,
+        }
+        command = [sys.executable, "-c", init["args"][0]]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=30)
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        open_port = listener.getsockname()[1]
+        assert run_init(open_port, "5").returncode == 0
+    # The listener is closed now: nothing accepts on that port any more.
+    refused = run_init(open_port, "1")
+    assert refused.returncode != 0
+    assert f"gave up waiting for database 127.0.0.1:{open_port}" in refused.stderr
 
 
 def test_secrets_are_referenced_never_inlined(
