@@ -251,17 +251,22 @@ def test_long_prompt_is_prefilled_in_chunks_alongside_decodes() -> None:
     assert short.output_token_ids == expected_outputs(short)[0]
 
 
-def test_decodes_go_before_running_prefills_when_the_budget_is_tight() -> None:
+def test_a_prompt_still_prefilling_holds_back_admissions_behind_it() -> None:
     scheduler = make_scheduler(max_num_batched_tokens=4)
-    prefilling = make_seq("old", list(range(1, 20)), max_tokens=2)
-    scheduler.add(prefilling)
+    old = make_seq("old", list(range(1, 20)), max_tokens=2)
+    scheduler.add(old)
     step(scheduler)  # old: 4 of 19 prompt tokens
-    decoding = make_seq("young", [7], max_tokens=5)
-    scheduler.add(decoding)
-    step(scheduler)  # old takes the whole budget, young waits
-    assert decoding.status is SequenceStatus.WAITING
-    output, _ = step(scheduler)
-    assert [i.seq.request_id for i in output.scheduled] == ["old"]
+    young = make_seq("young", [7], max_tokens=5)
+    scheduler.add(young)
+    for _ in range(3):  # old's chunks take the whole budget; young waits its turn
+        output, _ = step(scheduler)
+        assert [i.seq.request_id for i in output.scheduled] == ["old"]
+        assert young.status is SequenceStatus.WAITING
+    output, _ = step(scheduler)  # old's last 3 prompt tokens, then young with the remainder
+    assert [(i.seq.request_id, i.num_new_tokens) for i in output.scheduled] == [
+        ("old", 3),
+        ("young", 1),
+    ]
 
 
 def test_admission_is_fcfs_and_bounded_by_max_num_seqs() -> None:
