@@ -1,0 +1,343 @@
+"""What the transport costs: streams through gateway + Redis + one worker vs in-process.
+
+The same seeded workload (N requests, C concurrent, greedy, ignore_eos) runs two ways,
+alternating in rounds within one run:
+
+- gateway: C concurrent streaming HTTP clients -> the gateway (auth, rate limits, usage
+  accounting on) -> Redis Streams -> one engine worker process -> back the same way;
+- in-process: the same requests straight into an ``AsyncEngine`` in this process.
+
+Both use a random Llama of small realistic shape (4 layers, hidden 512) so that, as with a real
+model, the engine's step dominates. Prints TTFT p50/p99 and output tokens/s for each and their
+ratio; the last line is one JSON object with ttft_p50_ms, ttft_p99_ms, gateway_tok_s,
+inprocess_tok_s, ratio (gateway / in-process, target >= 0.9 at 32 concurrent streams).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# This script's folder would shadow the `kernels` package with bench/kernels.py.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
+import httpx  # noqa: E402
+
+from engine.demo_model import create_demo_model  # noqa: E402
+from gateway.up import Stack, free_port  # noqa: E402
+
+ENGINE_OPTIONS = {"device": "cpu", "dtype": "float32", "num_kv_blocks": 1024}
+
+
+@dataclass
+class Result:
+    ttft_s: list[float]
+    tokens: int
+    wall_s: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def workload(n: int) -> list[str]:
+    topics = ["a river", "a gate", "the sea", "a city", "the wind", "a fox", "a bridge", "rain"]
+    return [
+        f"Request {i}: tell me about {topics[i % len(topics)]} and day {i * 7 % 31}."
+        for i in range(n)
+    ]
+
+
+# ---- in-process ----------------------------------------------------------------------------------
+
+
+async def run_inprocess(
+    engine: Any, prompts: list[str], concurrency: int, max_tokens: int
+) -> Result:
+    from engine import SamplingParams
+
+    limit = asyncio.Semaphore(concurrency)
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def one(prompt: str) -> None:
+        nonlocal tokens
+        async with limit:
+            began = time.perf_counter()
+            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            first = True
+            outputs = engine.add_request(
+                uuid.uuid4().hex, messages=[{"role": "user", "content": prompt}], params=params
+            )
+            if asyncio.iscoroutine(outputs):
+                outputs = await outputs
+            async for output in outputs:
+                if output.token_ids:
+                    if first:
+                        ttfts.append(time.perf_counter() - began)
+                        first = False
+                    tokens += len(output.token_ids)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    return Result(ttfts, tokens, time.perf_counter() - began)
+
+
+# ---- through the gateway -------------------------------------------------------------------------
+
+
+async def run_gateway(
+    base_url: str, api_key: str, model: str, prompts: list[str], concurrency: int, max_tokens: int
+) -> Result:
+    limit = asyncio.Semaphore(concurrency)
+    ttfts: list[float] = []
+    tokens = 0
+    headers = {"Authorization": f"Bearer {api_key}"}
+    async with httpx.AsyncClient(
+        base_url=base_url,
+        headers=headers,
+        timeout=120,
+        limits=httpx.Limits(max_connections=concurrency * 2),
+    ) as client:
+
+        async def one(prompt: str) -> None:
+            nonlocal tokens
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            async with limit:
+                began = time.perf_counter()
+                first = True
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            raise RuntimeError(event["error"])
+                        if first and any(
+                            c.get("delta", {}).get("content") for c in event.get("choices", [])
+                        ):
+                            ttfts.append(time.perf_counter() - began)
+                            first = False
+                        if event.get("usage"):
+                            tokens += event["usage"]["completion_tokens"]
+
+        began = time.perf_counter()
+        await asyncio.gather(*(one(p) for p in prompts))
+        return Result(ttfts, tokens, time.perf_counter() - began)
+
+
+# ---- services ------------------------------------------------------------------------------------
+
+
+async def _admin_sql(admin_url: str, statement: str) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        async with engine.connect() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await engine.dispose()
+
+
+@contextlib.contextmanager
+def database(admin_url: str) -> Iterator[str]:
+    """A migrated database of the bench's own, dropped afterwards."""
+    from sqlalchemy.engine import make_url
+
+    from gateway.db.migrate import upgrade
+
+    name = f"sg_bench_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_admin_sql(admin_url, f'CREATE DATABASE "{name}"'))
+    try:
+        url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        upgrade(url)
+        yield url
+    finally:
+        asyncio.run(_admin_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def wait_ok(url: str, what: str, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} not ready")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(
+            "SLUICEGATE_TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+        ),
+        help="a database with rights to create the bench's own database",
+    )
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("SLUICEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    )
+    args = parser.parse_args(argv)
+    prompts = workload(args.requests)
+    model_name = f"bench-e2e-{uuid.uuid4().hex[:6]}"
+    master_key = "sk-admin-bench-" + uuid.uuid4().hex
+
+    with tempfile.TemporaryDirectory() as tmp, database(args.database_url) as database_url:
+        model_dir = create_demo_model(
+            Path(tmp) / "model",
+            hidden_size=512,
+            intermediate_size=1408,
+            num_layers=args.layers,
+            num_heads=8,
+            num_kv_heads=8,
+        )
+        stack = Stack()
+        try:
+            env = dict(os.environ)
+            env.update(
+                SLUICEGATE_DATABASE_URL=database_url,
+                SLUICEGATE_REDIS_URL=args.redis_url,
+                SLUICEGATE_MASTER_KEY=master_key,
+                SLUICEGATE_CONFIG="",
+            )
+            port, metrics_port = free_port(), free_port()
+            engine_flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_OPTIONS.items()]
+            stack.spawn(
+                "engine",
+                [sys.executable, "-m", "engine.worker", "--model", str(model_dir),
+                 "--served-model-name", model_name, "--redis-url", args.redis_url,
+                 "--metrics-port", str(metrics_port), "--max-pull", "64", *engine_flags],
+                env,
+                Path(tmp) / "logs",
+            )  # fmt: skip
+            stack.spawn(
+                "gateway",
+                [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
+                 "--log-level", "warning"],
+                env,
+                Path(tmp) / "logs",
+            )  # fmt: skip
+            base_url = f"http://127.0.0.1:{port}"
+            wait_ok(f"{base_url}/health/ready", "gateway")
+            wait_ok(f"http://127.0.0.1:{metrics_port}/health/ready", "engine worker")
+            response = httpx.post(
+                f"{base_url}/admin/keys",
+                headers={"Authorization": f"Bearer {master_key}"},
+                json={"name": "bench"},
+            )
+            response.raise_for_status()
+            api_key = response.json()["key"]
+            results = asyncio.run(_rounds(args, prompts, model_dir, base_url, api_key, model_name))
+        finally:
+            stack.stop()
+
+    gateway_best = max(results["gateway"], key=lambda r: r.tok_s)
+    inprocess_best = max(results["inprocess"], key=lambda r: r.tok_s)
+    ttfts = [t for r in results["gateway"] for t in r.ttft_s]
+    inproc_ttfts = [t for r in results["inprocess"] for t in r.ttft_s]
+    ratio = gateway_best.tok_s / inprocess_best.tok_s
+    print(
+        f"\n{args.requests} requests, {args.concurrency} concurrent, {args.max_tokens} tokens each"
+    )
+    print(f"{'':12} {'tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12}")
+    for label, best, t in (
+        ("gateway", gateway_best, ttfts),
+        ("in-process", inprocess_best, inproc_ttfts),
+    ):
+        print(
+            f"{label:12} {best.tok_s:10.1f} {percentile(t, 0.5) * 1000:12.1f} "
+            f"{percentile(t, 0.99) * 1000:12.1f}"
+        )
+    print(f"ratio gateway / in-process: {ratio:.3f} (target >= 0.90)")
+    print(
+        json.dumps(
+            {
+                "ttft_p50_ms": round(percentile(ttfts, 0.5) * 1000, 2),
+                "ttft_p99_ms": round(percentile(ttfts, 0.99) * 1000, 2),
+                "inprocess_ttft_p50_ms": round(percentile(inproc_ttfts, 0.5) * 1000, 2),
+                "gateway_tok_s": round(gateway_best.tok_s, 1),
+                "inprocess_tok_s": round(inprocess_best.tok_s, 1),
+                "ratio": round(ratio, 4),
+                "concurrency": args.concurrency,
+                "requests": args.requests,
+                "max_tokens": args.max_tokens,
+            }
+        )
+    )
+    return 0
+
+
+async def _rounds(
+    args: argparse.Namespace,
+    prompts: list[str],
+    model_dir: Path,
+    base_url: str,
+    api_key: str,
+    model_name: str,
+) -> dict[str, list[Result]]:
+    from engine import AsyncEngine
+
+    engine = AsyncEngine(str(model_dir), **ENGINE_OPTIONS)
+    started = engine.start()
+    if asyncio.iscoroutine(started):
+        await started
+    results: dict[str, list[Result]] = {"gateway": [], "inprocess": []}
+    try:
+        warm = prompts[: args.concurrency]
+        await run_inprocess(engine, warm, args.concurrency, 4)
+        await run_gateway(base_url, api_key, model_name, warm, args.concurrency, 4)
+        for round_no in range(args.rounds):
+            inproc = await run_inprocess(engine, prompts, args.concurrency, args.max_tokens)
+            gateway = await run_gateway(
+                base_url, api_key, model_name, prompts, args.concurrency, args.max_tokens
+            )
+            results["inprocess"].append(inproc)
+            results["gateway"].append(gateway)
+            print(
+                f"round {round_no + 1}: gateway {gateway.tok_s:.1f} tok/s, "
+                f"in-process {inproc.tok_s:.1f} tok/s",
+                flush=True,
+            )
+    finally:
+        stopped = engine.shutdown()
+        if asyncio.iscoroutine(stopped):
+            await stopped
+    return results
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
