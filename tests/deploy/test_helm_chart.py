@@ -29,6 +29,8 @@ GATEWAY = f"{RELEASE}-sluicegate-gateway"
 ENGINE = f"{RELEASE}-sluicegate-engine-llama-3-1-8b"
 CPU_ENGINE = f"{RELEASE}-sluicegate-engine-qwen3-small"
 MIGRATE = f"{RELEASE}-sluicegate-migrate"
+# Prometheus Operator kinds: no schema ships with kubernetes-validate.
+OPERATOR_KINDS = {("monitoring.coreos.com/v1", "PodMonitor")}
 SECRET_ENV = ("SLUICEGATE_MASTER_KEY", "SLUICEGATE_DATABASE_URL", "SLUICEGATE_REDIS_URL")
 
 
@@ -79,6 +81,8 @@ def test_every_manifest_validates_against_kubernetes_schemas(
     manifests = chart.render(chart.ci_values(values_file))
     assert manifests
     for manifest in manifests:
+        if (manifest["apiVersion"], manifest["kind"]) in OPERATOR_KINDS:
+            continue  # not a Kubernetes kind: test_pod_monitor_* checks it
         # Strict: unknown fields fail; a kind without a schema raises instead of passing.
         kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
 
@@ -372,6 +376,19 @@ def test_grafana_dashboard_configmap_carries_the_dashboard(
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     shipped = json.loads((chart.directory / "dashboards" / "sluicegate.json").read_text())
     assert json.loads(configmap["data"]["sluicegate.json"]) == shipped
+
+
+def test_pod_monitor_scrapes_the_gateway_and_every_engine(all_manifests: list[Manifest]) -> None:
+    monitor = one(all_manifests, "PodMonitor", f"{RELEASE}-sluicegate")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    scraped_ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert all(e["path"] == "/metrics" for e in monitor["spec"]["podMetricsEndpoints"])
+    for name in (GATEWAY, ENGINE, CPU_ENGINE):
+        template = one(all_manifests, "Deployment", name)["spec"]["template"]
+        assert selector.items() <= template["metadata"]["labels"].items()
+        ports = {p["name"] for p in template["spec"]["containers"][0]["ports"]}
+        assert ports & scraped_ports, name
 
 
 def test_notes_tell_how_to_get_a_first_key(chart: ChartUnderTest) -> None:
