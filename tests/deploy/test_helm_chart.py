@@ -164,6 +164,9 @@ def test_engine_pod_carries_model_flags_scheduling_shm_and_drain_time(
     assert flags["--redis-url"] == "$(SLUICEGATE_REDIS_URL)"
     assert "secretKeyRef" in env_of(container)["SLUICEGATE_REDIS_URL"]["valueFrom"]
     assert engine["spec"]["replicas"] == 2
+    # The replacement loads its model before the old worker leaves.
+    assert engine["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert engine["metadata"]["annotations"]["sluicegate.io/served-model-name"] == "llama-3.1-8b"
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {t["key"] for t in spec["tolerations"]} == {"nvidia.com/gpu", "dedicated"}
     assert spec["terminationGracePeriodSeconds"] >= 300
