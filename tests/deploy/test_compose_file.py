@@ -200,3 +200,23 @@ def test_observability_profile_scrapes_every_role_and_loads_the_dashboard(
     mounts = dict(volume.split(":")[:2] for volume in services["grafana"]["volumes"])
     host_dir = {container: host for host, container in mounts.items()}[provider["options"]["path"]]
     assert (COMPOSE_FILE.parent / host_dir / "sluicegate.json").is_file()
+
+
+async def test_gateway_loads_the_compose_routing_config(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    import redis.asyncio as aioredis
+
+    from gateway.routing import Router
+    from gateway.settings import Settings
+
+    config_file = tmp_path / "routing.yaml"
+    config_file.write_text(compose["configs"]["routing"]["content"])
+    redis = aioredis.Redis.from_url("redis://127.0.0.1:1/0")
+    router = Router.from_settings(Settings.from_env(config=str(config_file)), redis)
+    try:
+        route = await router.resolve("local-model")
+        assert route is not None and [d.kind for d in route.deployments] == ["engine"]
+    finally:
+        await router.close()
+        await redis.aclose()

@@ -10,6 +10,7 @@ import shlex
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import helm_python as helm
@@ -452,3 +453,28 @@ def test_the_documented_installs_render_and_validate(chart: ChartUnderTest) -> N
     for values in (my_values, set_values):
         for manifest in chart.render(values):
             kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+
+
+async def test_gateway_loads_the_routing_config_the_chart_renders(
+    all_manifests: list[Manifest], tmp_path: Path
+) -> None:
+    import redis.asyncio as aioredis
+
+    from gateway.routing import Router
+    from gateway.settings import Settings
+
+    configmap = one(all_manifests, "ConfigMap", f"{RELEASE}-sluicegate-routing")
+    config_file = tmp_path / "routing.yaml"
+    config_file.write_text(configmap["data"]["routing.yaml"])
+    # Building routes opens no connection: an unreachable Redis URL is fine here.
+    redis = aioredis.Redis.from_url("redis://127.0.0.1:1/0")
+    router = Router.from_settings(Settings.from_env(config=str(config_file)), redis)
+    try:
+        llama = await router.resolve("llama3")
+        assert llama is not None and llama.name == "llama-3.1-8b"
+        assert [d.kind for d in llama.deployments] == ["engine", "openai"]
+        qwen = await router.resolve("qwen3-0.6b")
+        assert qwen is not None and [d.model for d in qwen.deployments] == ["Qwen/Qwen3-0.6B"]
+    finally:
+        await router.close()
+        await redis.aclose()
