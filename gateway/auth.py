@@ -6,6 +6,7 @@ database round trip), and every replica drops a key within milliseconds of a
 ``publish_invalidation`` on the Redis channel ``sg:keys:invalidate`` (revocation, edits).
 Entries also expire after ``key_cache_ttl_s`` as a backstop for a missed message, and the whole
 cache is dropped whenever the subscription is lost, since messages may have been missed then.
+While PostgreSQL is down, cached keys keep working; keys not cached get a 503.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 from redis.asyncio import Redis
@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db import keys as key_queries
 from gateway.db.models import ApiKey
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, ServiceUnavailable
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ KEY_PREFIX = "sk-"
 KEY_RANDOM_BYTES = 32
 DISPLAY_PREFIX_CHARS = 10
 INVALIDATION_CHANNEL = "sg:keys:invalidate"
+STALE_RETRY_S = 1.0
+"""How long a cached key is served as-is after its refresh failed, before trying again."""
 INVALIDATE_ALL = "*"
 """Payload that drops every cached key (e.g. after a bulk change)."""
 
@@ -155,9 +157,7 @@ class KeyCache:
         digest = hash_key(plaintext)
         entry = self._entries.get(digest)
         if entry is None or time.monotonic() >= entry.fresh_until:
-            entry = await self._load(digest)
-            if entry is None:
-                raise AuthenticationFailed("Incorrect API key provided.")
+            entry = await self._refresh(digest, entry)
         if entry.record.revoked:
             raise AuthenticationFailed("This API key has been revoked.")
         if entry.expires_ts is not None and time.time() >= entry.expires_ts:
@@ -177,6 +177,21 @@ class KeyCache:
         self._epoch += 1
         self._entries.clear()
         self._hash_by_id.clear()
+
+    async def _refresh(self, digest: str, stale: _Entry | None) -> _Entry:
+        try:
+            entry = await self._load(digest)
+        except Exception as exc:
+            # While subscribed, a stale entry has missed no revocation: keep serving it
+            # through a database outage rather than failing every request.
+            if stale is not None and self._subscribed:
+                logger.warning("key lookup failed (%s); serving the cached record", exc)
+                stale.fresh_until = time.monotonic() + STALE_RETRY_S
+                return stale
+            raise ServiceUnavailable("The API key cannot be verified right now.") from exc
+        if entry is None:
+            raise AuthenticationFailed("Incorrect API key provided.")
+        return entry
 
     async def _load(self, digest: str) -> _Entry | None:
         # One database query per key however many requests wait on it; shielded so that a
@@ -242,8 +257,8 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() or None
 
 
-async def provide_api_key(request: Request[Any, Any, Any]) -> ApiKeyRecord:
-    """Litestar dependency: the caller's key record from ``Authorization: Bearer sk-...``.
+async def provide_api_key(request: ASGIConnection[Any, Any, Any, Any]) -> ApiKeyRecord:
+    """The caller's key record from ``Authorization: Bearer sk-...`` (a guard or dependency).
 
     Reads the KeyCache from ``app.state.key_cache``.
     """

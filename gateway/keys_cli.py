@@ -113,9 +113,7 @@ async def _list(settings: Settings, args: argparse.Namespace) -> int:
     engine = create_engine(settings.database_url, pool_size=1)
     try:
         async with create_sessionmaker(engine)() as session:
-            rows = await key_queries.list_keys(
-                session, include_revoked=not args.active, limit=1_000_000
-            )
+            rows = await key_queries.list_keys(session, include_revoked=not args.active, limit=None)
     finally:
         await engine.dispose()
     for row in rows:

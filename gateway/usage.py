@@ -219,7 +219,8 @@ class UsageFlusher:
             self.consumer,
             {self._stream: ">"},
             count=self._batch,
-            block=max(1, int(self._interval_s * 1000)),
+            # Capped under the client's socket timeout, whatever the flush interval.
+            block=max(1, int(min(self._interval_s, 1.0) * 1000)),
         )
         return _stream_entries(response)
 

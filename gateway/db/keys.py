@@ -74,7 +74,11 @@ async def find_by_hash(session: AsyncSession, key_hash: str) -> ApiKey | None:
 
 
 async def list_keys(
-    session: AsyncSession, *, include_revoked: bool = True, limit: int = 100, offset: int = 0
+    session: AsyncSession,
+    *,
+    include_revoked: bool = True,
+    limit: int | None = 100,
+    offset: int = 0,
 ) -> list[ApiKey]:
     query = select(ApiKey).order_by(ApiKey.created_at.desc(), ApiKey.id)
     if not include_revoked:

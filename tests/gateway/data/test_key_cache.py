@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import time
 from collections.abc import AsyncIterator
@@ -15,7 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth import KeyCache, generate_key, publish_invalidation
 from gateway.db import keys as key_queries
-from gateway.errors import AuthenticationFailed
+from gateway.db.session import create_engine, create_sessionmaker
+from gateway.errors import AuthenticationFailed, ServiceUnavailable
 from gateway.settings import Settings
 
 
@@ -136,3 +138,42 @@ async def test_unknown_revoked_and_expired_keys_are_rejected(
     )
     with pytest.raises(AuthenticationFailed, match="expired"):
         await key_cache.lookup(expiring)
+
+
+async def test_cached_keys_survive_a_database_outage_and_revocations_still_apply(
+    gateway_settings: Settings,
+    redis_client: Redis,
+    db_sessionmaker: async_sessionmaker[AsyncSession],
+    db_proxy: Any,
+) -> None:
+    kept, _ = await _new_key(db_sessionmaker)
+    revoked, revoked_id = await _new_key(db_sessionmaker)
+    never_seen, _ = await _new_key(db_sessionmaker)
+    engine = create_engine(db_proxy.url)
+    settings = dataclasses.replace(gateway_settings, key_cache_ttl_s=0.05)
+    cache = KeyCache(redis_client, create_sessionmaker(engine), settings)
+    await cache.start()
+    try:
+        await cache.lookup(kept)
+        await cache.lookup(revoked)
+        await db_proxy.stop()
+        await asyncio.sleep(0.1)  # past the TTL: every lookup now tries the database first
+
+        assert (await cache.lookup(kept)).name == "k"
+        with pytest.raises(ServiceUnavailable):
+            await cache.lookup(never_seen)
+        await publish_invalidation(redis_client, revoked_id)
+        deadline = time.monotonic() + 1.0
+        while True:
+            try:
+                await cache.lookup(revoked)
+            except ServiceUnavailable:
+                break
+            assert time.monotonic() < deadline, "an invalidated key must not be served stale"
+            await asyncio.sleep(0.005)
+
+        await db_proxy.start()
+        assert (await cache.lookup(never_seen)).name == "k"
+    finally:
+        await cache.stop()
+        await engine.dispose()
