@@ -41,6 +41,7 @@ DISPLAY_PREFIX_CHARS = 10
 INVALIDATION_CHANNEL = "sg:keys:invalidate"
 STALE_RETRY_S = 1.0
 """How long a cached key is served as-is after its refresh failed, before trying again."""
+UNKNOWN_KEYS_CACHED = 10_000
 INVALIDATE_ALL = "*"
 """Payload that drops every cached key (e.g. after a bulk change)."""
 
@@ -126,6 +127,8 @@ class KeyCache:
         self._channel = channel
         self._entries: dict[str, _Entry] = {}
         self._hash_by_id: dict[str, str] = {}
+        self._unknown: dict[str, float] = {}
+        """Hashes the database did not know -> monotonic time until which that is trusted."""
         self._loading: dict[str, asyncio.Future[_Entry | None]] = {}
         self._epoch = 0
         """Bumped on every invalidation, so a load that raced one is not cached."""
@@ -157,6 +160,8 @@ class KeyCache:
         digest = hash_key(plaintext)
         entry = self._entries.get(digest)
         if entry is None or time.monotonic() >= entry.fresh_until:
+            if entry is None and self._unknown.get(digest, 0.0) > time.monotonic():
+                raise AuthenticationFailed("Incorrect API key provided.")
             entry = await self._refresh(digest, entry)
         if entry.record.revoked:
             raise AuthenticationFailed("This API key has been revoked.")
@@ -190,8 +195,16 @@ class KeyCache:
                 return stale
             raise ServiceUnavailable("The API key cannot be verified right now.") from exc
         if entry is None:
+            self._remember_unknown(digest)
             raise AuthenticationFailed("Incorrect API key provided.")
         return entry
+
+    def _remember_unknown(self, digest: str) -> None:
+        # Safe to cache: a key is random, so nobody presents it before it is created.
+        # This spares the database a client that retries a wrong key in a loop.
+        if len(self._unknown) >= UNKNOWN_KEYS_CACHED:
+            del self._unknown[next(iter(self._unknown))]
+        self._unknown[digest] = time.monotonic() + self._ttl_s
 
     async def _load(self, digest: str) -> _Entry | None:
         # One database query per key however many requests wait on it; shielded so that a

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -53,28 +54,45 @@ async def second_cache(
     await redis.aclose()
 
 
-async def test_cached_lookup_makes_no_database_round_trip(
-    key_cache: KeyCache, db_sessionmaker: async_sessionmaker[AsyncSession]
-) -> None:
-    plaintext, key_id = await _new_key(db_sessionmaker, allowed_models=["m"], rpm_limit=5)
+@contextlib.contextmanager
+def _counting_statements(sessionmaker: async_sessionmaker[AsyncSession]) -> Iterator[list[str]]:
     statements: list[str] = []
-    engine = db_sessionmaker.kw["bind"].sync_engine
+    engine = sessionmaker.kw["bind"].sync_engine
 
     def count(*args: Any) -> None:
         statements.append(args[2])
 
     event.listen(engine, "before_cursor_execute", count)
     try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+
+async def test_cached_lookup_makes_no_database_round_trip(
+    key_cache: KeyCache, db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    plaintext, key_id = await _new_key(db_sessionmaker, allowed_models=["m"], rpm_limit=5)
+    with _counting_statements(db_sessionmaker) as statements:
         records = await asyncio.gather(*(key_cache.lookup(plaintext) for _ in range(20)))
         assert len(statements) == 1, "concurrent misses share one query"
         for _ in range(200):
             await key_cache.lookup(plaintext)
         assert len(statements) == 1
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
     record = records[0]
     assert record.id == key_id and record.rpm_limit == 5
     assert record.allows_model("m") and not record.allows_model("other")
+
+
+async def test_a_wrong_key_retried_in_a_loop_costs_one_query(
+    key_cache: KeyCache, db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    wrong = generate_key()[0]
+    with _counting_statements(db_sessionmaker) as statements:
+        for _ in range(50):
+            with pytest.raises(AuthenticationFailed):
+                await key_cache.lookup(wrong)
+    assert len(statements) == 1
 
 
 async def test_revocation_reaches_every_replica_within_one_second(
