@@ -149,10 +149,11 @@ class UsageFlusher:
                     group_ready = True
                 count = await self.flush_once()
                 backoff_s = 0.05
-            except RedisError as exc:
-                # NOGROUP (the stream was deleted) or a lost server: recreate to be safe.
+            except Exception as exc:
+                # NOGROUP (the stream was deleted), a lost Redis, or a bug: the flusher must
+                # outlive it, and the entries stay pending until a later pass commits them.
                 group_ready = False
-                logger.warning("usage flusher: redis unavailable (%s); retrying", exc)
+                logger.warning("usage flusher: %s: %s; retrying", type(exc).__name__, exc)
                 await self._pause(backoff_s)
                 backoff_s = min(backoff_s * 2, self._max_backoff_s)
                 continue
