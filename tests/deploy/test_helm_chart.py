@@ -203,6 +203,20 @@ def test_engine_worker_accepts_the_chart_flags_and_drains_within_the_grace_perio
     assert 0 < parsed.drain_timeout < spec["terminationGracePeriodSeconds"]
 
 
+def test_gateway_settings_values_reach_the_gateway_as_typed_settings(
+    all_manifests: list[Manifest], chart: ChartUnderTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.settings import Settings
+
+    gateway = pod_spec(one(all_manifests, "Deployment", GATEWAY))["containers"][0]
+    for name, var in env_of(gateway).items():
+        if name.startswith("SLUICEGATE_") and "value" in var:
+            monkeypatch.setenv(name, var["value"])
+    settings = Settings.from_env()
+    wanted = chart.ci_values("all")["gateway"]["settings"]
+    assert {name: getattr(settings, name) for name in wanted} == wanted
+
+
 def test_probes_and_engine_readiness_after_model_load(required_manifests: list[Manifest]) -> None:
     gateway = pod_spec(one(required_manifests, "Deployment", GATEWAY))["containers"][0]
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
@@ -403,16 +417,19 @@ def test_notes_tell_how_to_get_a_first_key(chart: ChartUnderTest) -> None:
 
 
 @pytest.mark.parametrize(
-    ("bad", "where"),
+    ("bad", "message"),
     [
-        ({"gateway": {"replicas": 3}}, "/gateway"),
-        ({"engineDefaults": {"gpuMemoryUtilization": 1.5}}, "/engineDefaults/gpuMemoryUtilization"),
-        ({"engineDefaults": {"gpus": -1}}, "/engineDefaults/gpus"),
+        ({"gateway": {"replicas": 3}}, "at '/gateway'"),
+        (
+            {"engineDefaults": {"gpuMemoryUtilization": 1.5}},
+            "at '/engineDefaults/gpuMemoryUtilization'",
+        ),
+        ({"engineDefaults": {"gpus": -1}}, "at '/engineDefaults/gpus'"),
         (
             {"engines": [{"name": "Llama_8B", "servedModelName": "l", "model": {"path": "/m"}}]},
-            "/engines/0/name",
+            "at '/engines/0/name'",
         ),
-        ({"engines": [{"name": "llama", "servedModelName": "l"}]}, "/engines/0"),
+        ({"engines": [{"name": "llama", "servedModelName": "l"}]}, "at '/engines/0'"),
         (
             {
                 "routing": {
@@ -421,17 +438,18 @@ def test_notes_tell_how_to_get_a_first_key(chart: ChartUnderTest) -> None:
                     ]
                 }
             },
-            "/routing/models/0/deployments/0",
+            "at '/routing/models/0/deployments/0'",
         ),
-        ({"database": {"url": "mysql://db/x"}}, "/database/url"),
-        ({"gateway": {"service": {"type": "Loadbalancer"}}}, "/gateway/service/type"),
+        ({"database": {"url": "mysql://db/x"}}, "at '/database/url'"),
+        ({"gateway": {"service": {"type": "Loadbalancer"}}}, "at '/gateway/service/type'"),
+        ({"gateway": {"settings": {"master_key": "inline"}}}, "invalid propertyName 'master_key'"),
     ],
 )
 def test_values_schema_rejects_bad_values_at_install_time(
-    bad: dict[str, Any], where: str, chart: ChartUnderTest
+    bad: dict[str, Any], message: str, chart: ChartUnderTest
 ) -> None:
     values = {**chart.ci_values("required"), **bad}
-    with pytest.raises(helm.HelmValuesError, match=re.escape(f"at '{where}'")):
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
         chart.render_files(values)
 
 
