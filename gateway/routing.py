@@ -43,7 +43,7 @@ from redis.asyncio import Redis
 from engine.protocol import heartbeat_pattern
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import GenerationChunk, GenerationRequest, Provider, ProviderError
-from gateway.providers.openai import OpenAIProvider
+from gateway.providers.openai import CONNECT_TIMEOUT_S, OpenAIProvider
 from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
 
@@ -151,7 +151,7 @@ class Router:
     @classmethod
     def from_settings(cls, settings: Settings, redis: Redis) -> Router:
         client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.first_token_timeout_s, connect=5.0),
+            timeout=httpx.Timeout(settings.first_token_timeout_s, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
         )
         router = cls(settings, redis, client, routes=[] if settings.config else None)
@@ -197,6 +197,7 @@ class Router:
                 model=model,
                 client=self.client,
                 api_key=os.environ.get(api_key_env) if api_key_env else None,
+                read_timeout_s=self._settings.request_timeout_s,
             )
         elif kind == "engine":
             provider = self._engine_provider(model)
