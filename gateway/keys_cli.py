@@ -17,6 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
 from gateway.auth import generate_key, publish_invalidation
 from gateway.db import keys as key_queries
@@ -161,4 +162,11 @@ def main(argv: list[str]) -> int:
         return asyncio.run(_COMMANDS[args.command](settings, args))
     except OSError as exc:
         print(f"sluicegate keys: cannot reach the database or Redis: {exc}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as exc:
+        print(
+            f"sluicegate keys: database error (has `sluicegate migrate` run?): "
+            f"{getattr(exc, 'orig', None) or exc}",
+            file=sys.stderr,
+        )
         return 1
