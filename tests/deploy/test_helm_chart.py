@@ -217,6 +217,13 @@ def test_gateway_settings_values_reach_the_gateway_as_typed_settings(
     assert {name: getattr(settings, name) for name in wanted} == wanted
 
 
+def test_large_numbers_reach_flags_as_integers(chart: ChartUnderTest) -> None:
+    # Helm passes numbers as float64; printed plainly, 1048576 would become 1.048576e+06.
+    values = {**chart.ci_values("required"), "engineDefaults": {"maxModelLen": 1048576}}
+    args = pod_spec(one(chart.render(values), "Deployment", ENGINE))["containers"][0]["args"]
+    assert args[args.index("--max-model-len") + 1] == "1048576"
+
+
 def test_probes_and_engine_readiness_after_model_load(required_manifests: list[Manifest]) -> None:
     gateway = pod_spec(one(required_manifests, "Deployment", GATEWAY))["containers"][0]
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}

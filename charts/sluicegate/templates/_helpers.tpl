@@ -127,6 +127,18 @@ a clear message when neither is set, so a broken release never starts.
 {{- end }}
 {{- end }}
 
+{{/*
+A number as a command-line argument or env value. Helm hands values over as float64, whose
+default printing turns 1048576 into 1.048576e+06: whole numbers print as integers instead.
+*/}}
+{{- define "sluicegate.number" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) }}
+{{- int64 . }}
+{{- else }}
+{{- . }}
+{{- end }}
+{{- end }}
+
 {{- define "sluicegate.secretEnvVar" -}}
 - name: {{ .name }}
   valueFrom:
