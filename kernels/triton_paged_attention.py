@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["default_num_splits", "paged_attention"]
+__all__ = ["default_num_splits", "paged_attention", "plan_tiles"]
 
 _LOG2_E = 1.4426950408889634
 # Split the key range only while each part keeps at least this many keys: shorter parts cost
@@ -64,6 +64,7 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     UPCAST_INPUTS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -146,7 +147,7 @@ def _paged_attention_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
 
-        scores = tl.dot(q, k, input_precision="ieee") * scale_log2
+        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
         visible = key_valid[None, :] & (key_pos[None, :] <= query_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -155,7 +156,7 @@ def _paged_attention_kernel(
         p = tl.exp2(scores - m_shift[:, None])
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
     store_mask = row_valid[:, None] & dim_valid[None, :]
@@ -244,14 +245,14 @@ def paged_attention(
 
     # Without a host sync the launcher cannot see query lengths; one token per request is
     # decode in every batch the engine builds (each scheduled request has >= 1 query).
-    is_decode = num_tokens == num_seqs
-    head_dim_pad = triton.next_power_of_2(head_dim)
-    if is_decode:
-        block_m = max(16, triton.next_power_of_2(group))
-    else:
-        block_m = max(32 if head_dim_pad > 128 else 64, triton.next_power_of_2(group))
-    block_q = block_m // group
-    tile_n = max(block_size, 32 if head_dim_pad > 128 else 64)
+    tiles = plan_tiles(
+        is_decode=num_tokens == num_seqs,
+        group=group,
+        head_dim=head_dim,
+        block_size=block_size,
+        dtype=q.dtype,
+        interpreting=_interpreting(),
+    )
     if num_splits is None:
         num_splits = default_num_splits(q, block_tables, block_size, num_kv_heads)
     if num_splits < 1 or num_splits & (num_splits - 1):
@@ -266,7 +267,7 @@ def paged_attention(
         )
     else:
         partial_out = partial_lse = out
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_splits)
+    grid = (num_tokens // tiles["BLOCK_Q"] + num_seqs, num_kv_heads, num_splits)
     _paged_attention_kernel[grid](
         q,
         k_cache,
@@ -287,16 +288,9 @@ def paged_attention(
         k_cache.stride(1),
         k_cache.stride(2),
         block_tables.stride(0),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_SIZE=block_size,
-        TILE_N=tile_n,
-        BLOCK_M=block_m,
-        BLOCK_Q=block_q,
         NUM_SPLITS=num_splits,
-        UPCAST_INPUTS=_interpreting(),
         num_warps=4,
+        **tiles,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
@@ -306,10 +300,42 @@ def paged_attention(
             out.stride(0),
             out.stride(1),
             HEAD_DIM=head_dim,
-            HEAD_DIM_PAD=head_dim_pad,
+            HEAD_DIM_PAD=tiles["HEAD_DIM_PAD"],
             NUM_SPLITS=num_splits,
         )
     return out
+
+
+def plan_tiles(
+    *,
+    is_decode: bool,
+    group: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    interpreting: bool,
+) -> dict[str, object]:
+    """The attention kernel's compile-time parameters, all but ``NUM_SPLITS``.
+
+    Decode uses the smallest row tile the tensor cores take (16), filled by the GQA group;
+    prefill uses 64 rows (32 for head dim 256, to stay within registers). Key tiles span
+    several cache blocks so each loop iteration moves enough bytes.
+    """
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    wide = head_dim_pad > 128
+    block_m = max(16 if is_decode else (32 if wide else 64), triton.next_power_of_2(group))
+    return {
+        "GROUP": group,
+        "HEAD_DIM": head_dim,
+        "HEAD_DIM_PAD": head_dim_pad,
+        "BLOCK_SIZE": block_size,
+        "TILE_N": max(block_size, 32 if wide else 64),
+        "BLOCK_M": block_m,
+        "BLOCK_Q": block_m // group,
+        "UPCAST_INPUTS": interpreting,
+        # fp32 operands get exact fp32 products, not TF32 (which only fp32 dots would use).
+        "DOT_PRECISION": "ieee" if interpreting or dtype == torch.float32 else "tf32",
+    }
 
 
 def _interpreting() -> bool:
