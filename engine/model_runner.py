@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
 
-from engine.attention import AttentionMetadata, load_backend
+from engine.attention import AttentionMetadata, load_backend, partition_by_length
 from engine.block_manager import blocks_for
 from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import SchedulerOutput
@@ -129,7 +130,7 @@ class ModelRunner:
         gets views. Zeroed: masked attention weights multiply cache rows never written, and
         0 x NaN from uninitialised memory would poison the output."""
         c = self.config
-        cache = torch.zeros(
+        cache = torch.empty(
             c.num_hidden_layers,
             2,
             num_blocks,
@@ -139,6 +140,8 @@ class ModelRunner:
             dtype=c.dtype,
             device=self.device,
         )
+        # zero_() rather than torch.zeros: it touches every page now, not on first use mid-run.
+        cache.zero_()
         for layer, attention in enumerate(self.model.attention_layers()):
             attention.k_cache = cache[layer, 0]
             attention.v_cache = cache[layer, 1]
@@ -198,10 +201,15 @@ class ModelRunner:
         def int32(values: list[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32).to(self.device, non_blocking=True)
 
+        partitions = None
+        if self.backend.name == "torch":
+            query_lens = [b - a for a, b in itertools.pairwise(cu_seqlens)]
+            partitions = partition_by_length(query_lens, seq_lens, tables, self.device)
         return AttentionMetadata(
             backend=self.backend,
             slot_mapping=int32(slots),
             block_tables=int32(padded),
             seq_lens=int32(seq_lens),
             cu_seqlens_q=int32(cu_seqlens),
+            partitions=partitions,
         )
