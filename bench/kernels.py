@@ -204,6 +204,9 @@ def _prefill_point(shapes, requests, q_len, cached, dtype, device) -> dict:
         sdpa_ms = _time_ms(sdpa, device)
         point["sdpa_ms"] = round(sdpa_ms, 3)
         point["sdpa_tflops"] = round(flops / sdpa_ms / 1e9, 2)
+        out = kernels.paged_attention(*paged.args())
+        expected = sdpa().transpose(1, 2).reshape(out.shape)
+        point["max_abs_err_vs_sdpa"] = (out.float() - expected.float()).abs().max().item()
     print(
         f"prefill {requests}x{q_len} after {cached} cached: triton {point['triton_ms']} ms "
         f"{point['triton_tflops']} TFLOP/s  sdpa {point.get('sdpa_tflops', 'n/a')} TFLOP/s"

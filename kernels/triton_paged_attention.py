@@ -18,6 +18,7 @@ Maths in ``kernels.reference.paged_attention``. Layout of the work:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -351,7 +352,8 @@ def default_num_splits(
     if q.device.type != "cuda" or q.shape[0] != block_tables.shape[0]:
         return 1
     programs = block_tables.shape[0] * num_kv_heads
-    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
+    index = q.device.index
+    sm_count = _sm_count(torch.cuda.current_device() if index is None else index)
     if programs >= sm_count:
         return 1
     # The table's width bounds the longest context without reading seq_lens on the host.
@@ -359,6 +361,11 @@ def default_num_splits(
     wanted = min(math.ceil(2 * sm_count / programs), max_context // _MIN_KEYS_PER_SPLIT)
     wanted = min(wanted, _MAX_SPLITS)
     return 1 if wanted < 2 else 1 << (wanted.bit_length() - 1)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _check_paged_attention(
