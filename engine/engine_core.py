@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,7 +111,7 @@ class EngineCore:
         self,
         prompt: str | None = None,
         prompt_token_ids: list[int] | None = None,
-        messages: list[Mapping[str, Any]] | None = None,
+        messages: list[Any] | None = None,
     ) -> list[int]:
         given = [x is not None for x in (prompt, prompt_token_ids, messages)]
         if sum(given) != 1:
@@ -147,6 +146,9 @@ class EngineCore:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def live_request_ids(self) -> list[str]:
+        return list(self._requests)
 
     # -- the step ---------------------------------------------------------------------------
 

@@ -28,14 +28,24 @@ class Tokenizer:
     def decode(self, token_ids: Iterable[int]) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[Mapping[str, Any]]) -> list[int]:
+    def apply_chat_template(self, messages: list[Any]) -> list[int]:
+        """Messages are mappings or objects with ``role``/``content`` (e.g. protocol structs)."""
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
         text = self.hf.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+            [_message_dict(m) for m in messages], add_generation_prompt=True, tokenize=False
         )
         # The template already wrote any BOS it wants; adding special tokens would double it.
         return list(self.hf.encode(text, add_special_tokens=False))
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    if isinstance(message, Mapping):
+        return dict(message)
+    fields = {"role": message.role, "content": message.content or ""}
+    if getattr(message, "name", None):
+        fields["name"] = message.name
+    return fields
 
 
 def _eos_token_ids(hf: PreTrainedTokenizerBase, model_path: Path) -> set[int]:

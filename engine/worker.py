@@ -32,6 +32,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from engine import protocol
 from engine.metrics import HealthServer, WorkerMetrics
+from engine.worker_liveness import LivenessThread
 
 logger = logging.getLogger("sluicegate.worker")
 
@@ -101,12 +102,22 @@ class Worker:
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._tokens_window: list[tuple[float, int]] = []
+        self.liveness = LivenessThread(
+            options.redis_url,
+            model,
+            options.worker_id,
+            self._in_flight_entries,
+            interval_s=options.heartbeat_interval_s,
+            ttl_s=options.heartbeat_ttl_s,
+        )
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._ensure_groups()
         await self._heartbeat_once()
+        self.liveness.beat()
+        self.liveness.start()
         self._tasks = [
             asyncio.create_task(self._pull_loop(), name="pull"),
             asyncio.create_task(self._claim_loop(), name="claim"),
@@ -145,10 +156,7 @@ class Worker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        with contextlib.suppress(RedisError, OSError):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.delete(protocol.heartbeat_key(self.options.model_name, self.options.worker_id))
-            await pipe.execute()
+        await asyncio.to_thread(self.liveness.stop)
 
     async def _ensure_groups(self) -> None:
         for stream in (self.shared_stream, self.own_stream):
@@ -306,6 +314,8 @@ class Worker:
         if rid in self._recent_cancels:
             self._ack_now(stream, entry_id)
             return
+        if claimed:
+            logger.info("took over request %s (entry %s on %s)", rid, entry_id, stream)
         if claimed and await self._already_started(message):
             self._fail(item, "worker_lost", "The engine worker serving this request was lost.")
             return
@@ -525,14 +535,17 @@ class Worker:
     # ---- heartbeats ------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
-        backoff = _Backoff()
+        interval = self.options.heartbeat_interval_s
         while True:
-            await asyncio.sleep(self.options.heartbeat_interval_s)
+            slept_from = time.monotonic()
+            await asyncio.sleep(interval)
+            late = time.monotonic() - slept_from - interval
+            if late > interval:
+                logger.warning("the event loop was blocked for %.1fs", late)
             try:
                 await self._heartbeat_once()
-                backoff.reset()
-            except (RedisError, OSError) as exc:
-                await backoff.wait("heartbeat", exc)
+            except Exception:
+                logger.exception("heartbeat snapshot failed")
 
     def heartbeat(self) -> protocol.Heartbeat:
         stats = dict(self.engine.stats())
@@ -560,28 +573,12 @@ class Worker:
         )
 
     async def _heartbeat_once(self) -> None:
-        model, wid = self.options.model_name, self.options.worker_id
-        beat = self.heartbeat()
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(
-            protocol.heartbeat_key(model, wid),
-            protocol.encode(beat),
-            px=int(self.options.heartbeat_ttl_s * 1000),
-        )
-        pipe.sadd(protocol.worker_registry(model), wid)
-        # Re-claiming our own entries resets their idle time: only dead workers' entries
-        # ever grow idle enough for XAUTOCLAIM.
-        by_stream: dict[str, list[bytes]] = {}
-        for item in self.in_flight.values():
-            by_stream.setdefault(item.stream, []).append(item.entry_id)
-        for stream, ids in by_stream.items():
-            pipe.xclaim(stream, protocol.REQUEST_GROUP, wid, 0, ids, justid=True)
-        results = await pipe.execute(raise_on_error=False)
-        for result in results:
-            if isinstance(result, ResponseError) and "NOGROUP" in str(result):
-                await self._ensure_groups()
-            elif isinstance(result, Exception):
-                raise result
+        """Hand a fresh snapshot to the liveness thread, which keeps it in Redis."""
+        self.liveness.publish(self.heartbeat())
+
+    def _in_flight_entries(self) -> list[tuple[str, bytes]]:
+        # Called from the liveness thread: list() copies the values atomically under the GIL.
+        return [(item.stream, item.entry_id) for item in list(self.in_flight.values())]
 
 
 class _Backoff:

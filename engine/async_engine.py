@@ -1,0 +1,250 @@
+"""asyncio front of the engine: per-request delta streams, abort, and a step loop whose model
+work runs in one worker thread so the event loop stays responsive.
+
+All engine state is touched only by that thread: ``add_request`` and ``abort`` queue their
+intent, and the thread applies it right before the next step, so an abort frees the request's
+blocks within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.engine_core import EngineCore, EngineOptions, RequestDelta
+from engine.protocol import Usage
+from engine.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncEngine", "RequestDelta"]
+
+
+@dataclass
+class _PendingRequest:
+    request_id: str
+    params: SamplingParams
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    messages: list[Any] | None
+
+
+class EngineStopped(RuntimeError):
+    """The engine shut down (or failed) before the request finished."""
+
+
+class AsyncEngine:
+    """One model served to many concurrent asyncio callers.
+
+    ``accept_limit`` is how many requests may wait for admission before ``can_accept`` says
+    no (default: ``max_waiting`` if set, else 8); a worker pulls new work only while
+    ``can_accept()``. Engine options are those of ``EngineOptions``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        options: EngineOptions | None = None,
+        *,
+        accept_limit: int | None = None,
+        **option_overrides: Any,
+    ) -> None:
+        self.model = model
+        self.options = options or EngineOptions(**option_overrides)
+        self.accept_limit = accept_limit or self.options.max_waiting or 8
+        self.core: EngineCore | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        self._streams: dict[str, asyncio.Queue[RequestDelta | BaseException]] = {}
+        self._pending: list[_PendingRequest] = []
+        self._aborts: set[str] = set()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._stats: dict[str, Any] = {}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the model (in the worker thread) and start the step loop."""
+        if self._loop_task is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self.core = await loop.run_in_executor(self._executor, EngineCore, self.model, self.options)
+        self._stats = self.core.stats()
+        self._stopping = False
+        self._loop_task = asyncio.create_task(self._run(), name="engine-step-loop")
+
+    async def shutdown(self) -> None:
+        """Stop stepping; every unfinished stream ends with an ``abort`` delta."""
+        self._stopping = True
+        self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+            self._loop_task = None
+        if self.core is not None:
+            core = self.core
+            loop = asyncio.get_running_loop()
+            deltas = await loop.run_in_executor(
+                self._executor, lambda: [d for r in list(self._streams) if (d := core.abort(r))]
+            )
+            self._dispatch(deltas)
+        for request_id in list(self._streams):
+            self._dispatch([_abort_delta(request_id)])
+        self._pending.clear()
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> AsyncEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.shutdown()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        messages: list[Any] | None = None,
+        params: SamplingParams | None = None,
+    ) -> AsyncIterator[RequestDelta]:
+        """Submit a request (exactly one of prompt, prompt_token_ids, messages) and stream its
+        deltas. A request the engine cannot take (``RequestRejected``, a ``ValueError``, e.g.
+        too long for the context) raises from the iterator. Leaving the iteration early
+        aborts the request."""
+        if self._loop_task is None or self._stopping:
+            raise EngineStopped("the engine is not running; call start() first")
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._pending.append(
+            _PendingRequest(
+                request_id, params or SamplingParams(), prompt, prompt_token_ids, messages
+            )
+        )
+        self._wake.set()
+        return self._stream(request_id, queue)
+
+    async def _stream(
+        self, request_id: str, queue: asyncio.Queue[RequestDelta | BaseException]
+    ) -> AsyncIterator[RequestDelta]:
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """End a request; its blocks are freed before the next step runs."""
+        if request_id in self._streams:
+            self._aborts.add(request_id)
+            self._wake.set()
+
+    # -- load -------------------------------------------------------------------------------
+
+    def can_accept(self) -> bool:
+        """Whether a worker should pull another request: the engine runs, few requests wait
+        for admission and the KV cache has free blocks."""
+        if self._loop_task is None or self._stopping:
+            return False
+        stats = self._stats
+        waiting = stats.get("num_waiting", 0) + len(self._pending)
+        free_blocks = stats.get("kv_blocks_total", 0) - stats.get("kv_blocks_used", 0)
+        return waiting < self.accept_limit and free_blocks > 0
+
+    def stats(self) -> dict[str, Any]:
+        """Scheduler counters as of the last step, plus requests not yet handed to it."""
+        return {**self._stats, "num_pending": len(self._pending), "num_streams": len(self._streams)}
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        core = self.core
+        assert core is not None
+        while not self._stopping:
+            if not (self._pending or self._aborts or core.has_unfinished()):
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            pending, self._pending = self._pending, []
+            aborts, self._aborts = self._aborts, set()
+            try:
+                deltas, errors = await loop.run_in_executor(
+                    self._executor, self._step, core, pending, aborts
+                )
+            except Exception as exc:  # a failed step leaves no request in a known state
+                logger.exception("engine step failed; failing every request in flight")
+                await loop.run_in_executor(self._executor, _abort_all, core)
+                for request_id in list(self._streams):
+                    self._fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
+                continue
+            for request_id, error in errors:
+                self._fail(request_id, error)
+            self._dispatch(deltas)
+
+    def _step(
+        self, core: EngineCore, pending: list[_PendingRequest], aborts: set[str]
+    ) -> tuple[list[RequestDelta], list[tuple[str, Exception]]]:
+        """Runs in the worker thread: apply queued adds and aborts, then one engine step."""
+        deltas: list[RequestDelta] = []
+        errors: list[tuple[str, Exception]] = []
+        for request in pending:
+            if request.request_id in aborts:
+                aborts.discard(request.request_id)
+                deltas.append(_abort_delta(request.request_id))
+                continue
+            try:
+                ids = core.prompt_ids(request.prompt, request.prompt_token_ids, request.messages)
+                core.add_request(request.request_id, ids, request.params)
+            except ValueError as exc:
+                errors.append((request.request_id, exc))
+        for request_id in aborts:
+            delta = core.abort(request_id)
+            if delta is not None:
+                deltas.append(delta)
+        if core.has_unfinished():
+            deltas.extend(core.step())
+        self._stats = core.stats()
+        return deltas, errors
+
+    def _dispatch(self, deltas: list[RequestDelta]) -> None:
+        for delta in deltas:
+            queue = self._streams.get(delta.request_id)
+            if queue is None:
+                continue
+            queue.put_nowait(delta)
+            if delta.finish_reason is not None:
+                del self._streams[delta.request_id]
+
+    def _fail(self, request_id: str, error: BaseException) -> None:
+        queue = self._streams.pop(request_id, None)
+        if queue is not None:
+            queue.put_nowait(error)
+
+
+def _abort_delta(request_id: str) -> RequestDelta:
+    return RequestDelta(request_id, finish_reason="abort", usage=Usage(0, 0, 0))
+
+
+def _abort_all(core: EngineCore) -> None:
+    for request_id in list(core.live_request_ids()):
+        core.abort(request_id)
