@@ -145,7 +145,7 @@ def _filter_top_k_top_p_min_p(
     # A token is kept while the mass before it is below top_p, so the first one always stays.
     outside_nucleus = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
     min_p = torch.tensor([p.min_p for p in params], device=device, dtype=probs.dtype)
-    below_floor = probs < (min_p * probs[:, :1])
+    below_floor = probs < (min_p[:, None] * probs[:, :1])
     sorted_logits.masked_fill_(outside_nucleus | below_floor, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
