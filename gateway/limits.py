@@ -20,6 +20,7 @@ the time until the window has fully drained (back to the whole limit), e.g. ``1m
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 from gateway.errors import QuotaExceeded, RateLimited
+from gateway.telemetry import REJECTIONS
 
 WINDOW_S = 60
 SLOT_TTL_MARGIN_S = 30.0
@@ -36,6 +38,12 @@ SLOT_TTL_MARGIN_S = 30.0
 gateway that died mid-request must not hold a slot forever)."""
 
 UNLIMITED = -1
+_REJECTION_REASONS = {
+    1: "rate_limit_requests",
+    2: "rate_limit_tokens",
+    3: "concurrency",
+    4: "quota",
+}
 
 ADMIT_LUA = """
 local now = tonumber(ARGV[1])
@@ -143,7 +151,13 @@ def format_reset(ms: int) -> str:
 
 def budget_period_id(period: str | None, now: float) -> tuple[str, int]:
     """The current period's bucket name and a TTL that outlives it."""
-    moment = datetime.fromtimestamp(now, UTC)
+    return _period_of_minute(period, int(now // 60))
+
+
+@functools.lru_cache(maxsize=64)
+def _period_of_minute(period: str | None, minute: int) -> tuple[str, int]:
+    # Days and months start on a minute boundary, so one answer serves the whole minute.
+    moment = datetime.fromtimestamp(minute * 60, UTC)
     if period == "month":
         return moment.strftime("%Y%m"), 32 * 86400
     if period == "day":
@@ -232,6 +246,7 @@ class RateLimiter:
             headers["x-ratelimit-reset-tokens"] = format_reset(tok_reset)
         if code == 0:
             return Admission(key.id, request_id, tokens, keys[2], keys[5], keys[4], headers)
+        REJECTIONS.labels(_REJECTION_REASONS[code]).inc()
         raise _rejection(code, retry_ms, tokens, rpm, tpm, key, headers)
 
     def settle_command(self, admission: Admission, actual_tokens: int) -> tuple[Any, ...]:

@@ -11,8 +11,10 @@ conventions — never a span per streamed chunk, and prompts only with
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from litestar import Response, get
@@ -74,6 +76,34 @@ USAGE_FLUSH_LAG = Gauge(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ModelMetrics:
+    """A model's labelled series, resolved once (``labels()`` costs a lock and a lookup)."""
+
+    ok: Counter
+    error: Counter
+    cancelled: Counter
+    prompt_tokens: Counter
+    completion_tokens: Counter
+    time_to_first_token: Histogram
+
+    def requests(self, status: str) -> Counter:
+        return self.ok if status == "ok" else self.error if status == "error" else self.cancelled
+
+
+@functools.lru_cache(maxsize=4096)
+def model_metrics(model: str) -> ModelMetrics:
+    """Only models the router resolved get here, so the label set stays bounded."""
+    return ModelMetrics(
+        ok=REQUESTS.labels(model, "ok"),
+        error=REQUESTS.labels(model, "error"),
+        cancelled=REQUESTS.labels(model, "cancelled"),
+        prompt_tokens=TOKENS.labels(model, "prompt"),
+        completion_tokens=TOKENS.labels(model, "completion"),
+        time_to_first_token=TIME_TO_FIRST_TOKEN.labels(model),
+    )
+
+
 @get("/metrics", include_in_schema=False, sync_to_thread=False)
 def metrics_endpoint() -> Response[bytes]:
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
@@ -102,11 +132,19 @@ def setup_tracing(service_name: str = "sluicegate-gateway") -> bool:
 
 
 def tracing_enabled() -> bool:
-    return _configured
+    """Whether spans are recorded: our OTLP setup ran, or the process installed its own
+    provider (e.g. ``opentelemetry-instrument`` or a test's in-memory exporter)."""
+    return _configured or not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+
+
+_TRACER = trace.get_tracer("sluicegate.gateway")
+"""A proxy until a provider is installed, then it delegates to that provider's tracer."""
 
 
 def tracer() -> Tracer:
-    return trace.get_tracer("sluicegate.gateway")
+    return _TRACER
 
 
 def start_server_span(name: str, headers: Mapping[str, str], start_time: int) -> Span:

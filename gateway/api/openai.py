@@ -63,13 +63,11 @@ from gateway.schemas import (
 from gateway.settings import Settings
 from gateway.telemetry import (
     ADDED_LATENCY,
-    REQUESTS,
-    TIME_TO_FIRST_TOKEN,
-    TOKENS,
     child_context,
     current_traceparent,
     genai_request_attributes,
     genai_response_attributes,
+    model_metrics,
     start_server_span,
     tracer,
     tracing_enabled,
@@ -206,11 +204,12 @@ class Call:
                     await services.limiter.settle(self.admission, billed_total)
             except RedisError:
                 logger.exception("could not settle %s or record its usage", self.request_id)
-        REQUESTS.labels(self.public_model, self.status).inc()
-        TOKENS.labels(self.public_model, "prompt").inc(usage.prompt_tokens)
-        TOKENS.labels(self.public_model, "completion").inc(usage.completion_tokens)
+        metrics = model_metrics(self.public_model)
+        metrics.requests(self.status).inc()
+        metrics.prompt_tokens.inc(usage.prompt_tokens)
+        metrics.completion_tokens.inc(usage.completion_tokens)
         if ttft_ms is not None:
-            TIME_TO_FIRST_TOKEN.labels(self.public_model).observe(ttft_ms / 1000)
+            metrics.time_to_first_token.observe(ttft_ms / 1000)
         if self.span.is_recording():
             self.span.set_attributes(
                 genai_response_attributes(

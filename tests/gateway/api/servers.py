@@ -76,6 +76,7 @@ class Upstream:
         self.calls: Counter[str] = Counter()
         self.disconnected = 0
         self.tokens_sent = 0
+        self.traceparents: list[str | None] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -95,6 +96,9 @@ class Upstream:
         body = json.loads(raw)
         model = body["model"]
         self.calls[model] += 1
+        headers = dict(scope["headers"])
+        traceparent = headers.get(b"traceparent")
+        self.traceparents.append(traceparent.decode() if traceparent else None)
         if model == "ctx":
             error = {
                 "message": "This model's maximum context length is 16 tokens.",

@@ -197,6 +197,8 @@ def test_requests_per_minute_limit(gateway: str, make_key: Callable[..., str]) -
     assert (error.code, error.body["type"]) == ("rate_limit_exceeded", "requests")  # type: ignore[index]
     assert int(error.response.headers["retry-after"]) >= 1
     assert error.response.headers["x-ratelimit-remaining-requests"] == "0"
+    metrics = httpx.get(f"{gateway}/metrics").text
+    assert 'sluicegate_rejections_total{reason="rate_limit_requests"}' in metrics
 
 
 def test_tokens_per_minute_reserve_then_settle(gateway: str, make_key: Callable[..., str]) -> None:
