@@ -1,7 +1,8 @@
 """``sluicegate migrate``: bring the database schema to the newest Alembic revision.
 
-The Alembic scripts live in ``migrations/`` at the repository root, found relative to this
-package (an editable install or a source checkout), so the command works from any directory.
+The Alembic scripts live in ``migrations/`` at the repository root; ``gateway/db/migrations``
+links to them so they ship inside the wheel and are found beside this module whether the
+package was installed from a checkout, editable, or as a plain wheel.
 Alembic's env runs its own event loop: from async code, call ``upgrade_async``.
 """
 
@@ -17,14 +18,13 @@ from alembic.config import Config
 
 from gateway.settings import Settings
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(database_url: str) -> Config:
     if not (MIGRATIONS_DIR / "env.py").is_file():
         raise FileNotFoundError(
-            f"Alembic scripts not found at {MIGRATIONS_DIR}; install sluicegate from a source "
-            "checkout (pip install -e .)"
+            f"Alembic scripts not found at {MIGRATIONS_DIR}; reinstall sluicegate"
         )
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
