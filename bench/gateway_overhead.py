@@ -220,7 +220,8 @@ async def latency_rounds(
     return direct_ms, gateway_ms, errors
 
 
-async def throughput(port: int, raw: bytes, clients: int, seconds: float) -> tuple[float, int]:
+async def throughput(port: int, raw: bytes, clients: int, seconds: float) -> tuple[float, int, int]:
+    """Returns (requests/s, errors, requests)."""
     connections = [await Connection.open(port) for _ in range(clients)]
     done = 0
     errors = 0
@@ -239,7 +240,7 @@ async def throughput(port: int, raw: bytes, clients: int, seconds: float) -> tup
     elapsed = time.perf_counter() - started
     for conn in connections:
         conn.close()
-    return done / elapsed, errors
+    return done / elapsed, errors, done
 
 
 # ---- the gateway and its database ------------------------------------------------------------
@@ -386,21 +387,28 @@ def main() -> int:
             if upstream.poll() is not None:
                 raise RuntimeError("upstream exited")
             result = asyncio.run(measure(args, upstream_port, gateway_port, api_key, gateway.pid))
-        result["usage_records"] = asyncio.run(_count_usage(database_url, redis_url, usage_stream))
+            result["usage_records"] = asyncio.run(
+                _count_usage(database_url, redis_url, usage_stream, result["gateway_requests"])
+            )
     print(json.dumps(result))
     return 0
 
 
-async def _count_usage(database_url: str, redis_url: str, stream: str) -> int:
-    """Usage rows the flusher committed (it keeps up, or the count lags behind requests)."""
+async def _count_usage(database_url: str, redis_url: str, stream: str, expected: int) -> int:
+    """Usage rows in PostgreSQL once the flusher caught up (up to 30 s): one per request."""
     from redis.asyncio import Redis
     from sqlalchemy import text
 
     from gateway.db.session import create_engine
 
     engine = create_engine(database_url)
-    async with engine.connect() as conn:
-        rows = (await conn.execute(text("SELECT count(*) FROM usage_records"))).scalar_one()
+    deadline = time.monotonic() + 30
+    while True:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text("SELECT count(*) FROM usage_records"))).scalar_one()
+        if rows >= expected or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.2)
     await engine.dispose()
     redis = Redis.from_url(redis_url)
     await redis.delete(stream)
@@ -415,7 +423,7 @@ async def measure(
     gateway = (gateway_port, build_request(gateway_port, "/v1/chat/completions", api_key))
     # Warm up: the key cache, connection pools, scripts.
     await latency_rounds(direct, gateway, 200)
-    await throughput(gateway_port, gateway[1], args.clients, 1.0)
+    _, _, warm = await throughput(gateway_port, gateway[1], args.clients, 1.0)
 
     direct_ms, gateway_ms, seq_errors = await latency_rounds(direct, gateway, args.rounds)
     paired = sorted(g - d for g, d in zip(gateway_ms, direct_ms, strict=True))
@@ -427,11 +435,11 @@ async def measure(
         f"p99 {p99_gateway:.3f} ms | added median {median_gateway - median_direct:.3f} ms "
         f"(paired {statistics.median(paired):.3f} ms) p99 {p99_gateway - p99_direct:.3f} ms"
     )
-    direct_rps, direct_errors = await throughput(
+    direct_rps, direct_errors, _ = await throughput(
         upstream_port, direct[1], args.clients, args.seconds
     )
     cpu_before = cpu_seconds(pid)
-    gateway_rps, gateway_errors = await throughput(
+    gateway_rps, gateway_errors, loaded = await throughput(
         gateway_port, gateway[1], args.clients, args.seconds
     )
     cpu_ms_per_request = (cpu_seconds(pid) - cpu_before) * 1000 / (gateway_rps * args.seconds)
@@ -450,6 +458,7 @@ async def measure(
         "direct_rps": round(direct_rps, 1),
         "errors": seq_errors + gateway_errors + direct_errors,
         "gateway_cpu_ms_per_request": round(cpu_ms_per_request, 3),
+        "gateway_requests": 200 + warm + args.rounds + loaded,
         "clients": args.clients,
         "gateway_workers": args.workers,
     }

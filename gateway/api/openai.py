@@ -198,8 +198,10 @@ class Call:
                 pipe = services.redis.pipeline(transaction=False)
                 pipe.execute_command(*services.limiter.settle_command(self.admission, billed_total))
                 services.recorder.record_in(pipe, event)
-                results = await pipe.execute(raise_on_error=False)
-                if isinstance(results[0], Exception):
+                settled, recorded = await pipe.execute(raise_on_error=False)
+                if isinstance(recorded, Exception):
+                    logger.error("usage of %s not recorded: %s", self.request_id, recorded)
+                if isinstance(settled, Exception):
                     # The settle script was forgotten (Redis restart): load it, settle again.
                     await services.limiter.settle(self.admission, billed_total)
             except RedisError:
@@ -437,10 +439,21 @@ async def _events(
                 call.chunk_received(chunk)
     except ProviderError as exc:
         call.status = "error"
-        error = _public_error(exc, "messages" if chat else "prompt")
         if exc.usage is not None:
             call.usage = exc.usage
-        yield b"data: " + encode(error.body()) + b"\n\n"
+        yield (
+            b"data: "
+            + encode(_public_error(exc, "messages" if chat else "prompt").body())
+            + b"\n\n"
+        )
+        return
+    except Exception:
+        # Whatever broke, the client gets OpenAI's error event and the request is settled.
+        logger.exception("stream %s failed", call.request_id)
+        call.status = "error"
+        failure = UpstreamError("The server had an error while streaming the response.")
+        failure.error_type = "server_error"
+        yield b"data: " + encode(failure.body()) + b"\n\n"
         return
     call.status = "ok"
     call.finish_reason = call.finish_reason or "stop"
