@@ -71,3 +71,8 @@ def test_sluicegate_gateway_command_serves(api_settings: Settings) -> None:
     finally:
         process.terminate()
         process.wait(15)
+
+
+def test_gateway_app_never_imports_torch() -> None:
+    code = "import sys, gateway.app, gateway.serve; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
