@@ -165,10 +165,10 @@ def current_traceparent() -> str | None:
 
 
 def genai_request_attributes(
-    provider: str, model: str, max_tokens: int, temperature: float
+    operation: str, provider: str, model: str, max_tokens: int, temperature: float
 ) -> dict[str, Any]:
     return {
-        "gen_ai.operation.name": "chat",
+        "gen_ai.operation.name": operation,
         "gen_ai.provider.name": provider,
         "gen_ai.request.model": model,
         "gen_ai.request.max_tokens": max_tokens,

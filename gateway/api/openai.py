@@ -221,6 +221,10 @@ class Call:
                     usage.completion_tokens,
                 )
             )
+            if self.deployment is not None:
+                # Known only now: the deployment that served ("openai" for HTTP upstreams).
+                provider = "openai" if self.deployment.kind == "openai" else "sluicegate"
+                self.span.set_attribute("gen_ai.provider.name", provider)
             if self.status != "ok":
                 self.span.set_attribute("error.type", self.status)
         self.span.end()
@@ -285,15 +289,17 @@ async def _admit(
     finally:
         admission_span.end()
 
-    span = tracer().start_span(f"chat {route.name}", context=parent, kind=SpanKind.CLIENT)
+    operation = "chat" if chat else "text_completion"
+    span = tracer().start_span(f"{operation} {route.name}", context=parent, kind=SpanKind.CLIENT)
     if span.is_recording():
         span.set_attributes(
             genai_request_attributes(
-                "sluicegate", route.name, sampling.max_tokens, sampling.temperature
+                operation, "sluicegate", route.name, sampling.max_tokens, sampling.temperature
             )
         )
         if services.settings.otel_capture_content:
-            span.set_attribute("gen_ai.input.messages", encode(body).decode())
+            content = body.messages if isinstance(body, ChatCompletionRequest) else body.prompt
+            span.set_attribute("gen_ai.input.messages", encode(content).decode())
     with trace.use_span(span, end_on_exit=False):
         traceparent = current_traceparent()
     prefix = "chatcmpl-" if chat else "cmpl-"

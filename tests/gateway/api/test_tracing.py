@@ -66,7 +66,7 @@ def test_spans_follow_genai_conventions_and_keep_prompts_out(
         4,
         3,
     )
-    assert "gen_ai.provider.name" in attributes
+    assert attributes["gen_ai.provider.name"] == "openai"
     for span in finished:
         assert not any("secret" in str(value) for value in (span.attributes or {}).values())
     # The upstream call carries the client span as its parent.
