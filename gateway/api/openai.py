@@ -166,6 +166,11 @@ class Call:
         if chunk.usage is not None:
             self.usage = chunk.usage
 
+    async def finish_shielded(self) -> None:
+        """``finish`` from a task being cancelled: shielded so its Redis calls complete."""
+        with anyio.CancelScope(shield=True):
+            await self.finish()
+
     async def finish(self) -> None:
         """Settle the reservation, record usage, count metrics — exactly once."""
         if self.finished:
@@ -192,20 +197,18 @@ class Call:
             finished_at=time.time(),
         )
         services = self.services
-        # Shielded: this also runs when the client has gone and the response was cancelled.
-        with anyio.CancelScope(shield=True):
-            try:
-                pipe = services.redis.pipeline(transaction=False)
-                pipe.execute_command(*services.limiter.settle_command(self.admission, billed_total))
-                services.recorder.record_in(pipe, event)
-                settled, recorded = await pipe.execute(raise_on_error=False)
-                if isinstance(recorded, Exception):
-                    logger.error("usage of %s not recorded: %s", self.request_id, recorded)
-                if isinstance(settled, Exception):
-                    # The settle script was forgotten (Redis restart): load it, settle again.
-                    await services.limiter.settle(self.admission, billed_total)
-            except RedisError:
-                logger.exception("could not settle %s or record its usage", self.request_id)
+        try:
+            pipe = services.redis.pipeline(transaction=False)
+            pipe.execute_command(*services.limiter.settle_command(self.admission, billed_total))
+            services.recorder.record_in(pipe, event)
+            settled, recorded = await pipe.execute(raise_on_error=False)
+            if isinstance(recorded, Exception):
+                logger.error("usage of %s not recorded: %s", self.request_id, recorded)
+            if isinstance(settled, Exception):
+                # The settle script was forgotten (Redis restart): load it, settle again.
+                await services.limiter.settle(self.admission, billed_total)
+        except RedisError:
+            logger.exception("could not settle %s or record its usage", self.request_id)
         metrics = model_metrics(self.public_model)
         metrics.requests(self.status).inc()
         metrics.prompt_tokens.inc(usage.prompt_tokens)
@@ -348,7 +351,7 @@ async def _complete(call: Call, generation: GenerationRequest, *, chat: bool) ->
         raise _with_headers(exc, call.admission.headers) from None
     except BaseException:
         call.status = "cancelled"
-        await call.finish()
+        await call.finish_shielded()
         raise
     generated = time.perf_counter()
     call.first_token_at = generated
@@ -499,8 +502,9 @@ async def _stream(call: Call, generation: GenerationRequest, *, chat: bool) -> S
             call.admission.headers,
         ) from None
     except BaseException:
-        await stream.aclose()
-        await call.finish()
+        with anyio.CancelScope(shield=True):
+            await stream.aclose()
+        await call.finish_shielded()
         raise
     call.deployment = stream.deployment
     call.chunk_received(first)
