@@ -155,7 +155,8 @@ class Worker:
         self._stopped.set()
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded: a Redis connection torn down mid-command must not keep us from exiting.
+        await asyncio.wait(self._tasks, timeout=2.0)
         await asyncio.to_thread(self.liveness.stop)
 
     async def _ensure_groups(self) -> None:
@@ -509,7 +510,8 @@ class Worker:
                 await backoff.wait("cancel subscription", exc)
             finally:
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()
+                    async with asyncio.timeout(1.0):
+                        await pubsub.aclose()
 
     def _on_cancel(self, data: Any) -> None:
         if not isinstance(data, bytes | bytearray):
@@ -597,6 +599,16 @@ class _Backoff:
             logger.warning("%s: redis unavailable (%s); retrying with backoff", what, exc)
         self.delay = min(2.0, max(0.05, self.delay * 2))
         await asyncio.sleep(self.delay)
+
+
+def _log_tasks() -> None:
+    """SIGUSR1: log where every asyncio task of the worker is waiting (for a stuck worker)."""
+    import io
+
+    for task in asyncio.all_tasks():
+        out = io.StringIO()
+        task.print_stack(limit=6, file=out)
+        logger.warning("task %s:\n%s", task.get_name(), out.getvalue())
 
 
 def _text(value: Any) -> str:
@@ -709,6 +721,7 @@ async def serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, _log_tasks)
 
     metrics = WorkerMetrics(served_name)
     health = HealthServer(metrics, args.metrics_host, args.metrics_port)
