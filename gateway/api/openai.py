@@ -26,6 +26,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.response import Stream
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engine.protocol import Usage
@@ -100,7 +101,7 @@ class Services:
     router: Router
     limiter: RateLimiter
     recorder: UsageRecorder
-    redis: Any
+    redis: Redis
     started_at: int = field(default_factory=lambda: int(time.time()))
 
 

@@ -104,6 +104,10 @@ class Http1Pool:
                 else:
                     body = await reader.read()
                     keep_alive = False
+        except TimeoutError:
+            # Before OSError, which it subclasses: a slow upstream is not a stale connection.
+            connection.close()
+            raise
         except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             connection.close()
             if not fresh and not received_any:
@@ -112,7 +116,7 @@ class Http1Pool:
                 f"connection to {self._host_header} broke: {exc!r}"
             ) from exc
         except BaseException:
-            # Timeout or cancellation mid-exchange: the connection's state is unknown.
+            # Cancelled mid-exchange: the connection's state is unknown.
             connection.close()
             raise
         if keep_alive and len(self._idle) < self._max_idle:
