@@ -98,3 +98,22 @@ def test_engine_worker_exports_every_engine_metric_the_dashboard_reads() -> None
     from engine.metrics import WorkerMetrics
 
     assert exported_names(WorkerMetrics("tiny-model").registry) >= ENGINE_METRICS
+
+
+def test_status_matchers_name_statuses_the_gateway_reports(dashboard: dict[str, Any]) -> None:
+    from gateway.telemetry import REGISTRY, model_metrics
+
+    model_metrics("dashboard-check")
+    statuses = {
+        sample.labels["status"]
+        for family in REGISTRY.collect()
+        if family.name == "sluicegate_requests"
+        for sample in family.samples
+        if sample.labels.get("model") == "dashboard-check"
+    }
+    exprs = [t["expr"] for p in panels(dashboard) for t in p["targets"]]
+    matchers = [m for e in exprs for m in re.findall(r'status(=~?)"([^"]*)"', e)]
+    assert matchers
+    for op, value in matchers:
+        matching = {s for s in statuses if re.fullmatch(value, s)} if op == "=~" else {value}
+        assert matching & statuses, (op, value, statuses)
