@@ -12,6 +12,7 @@ succeeded, failed or was cancelled by the client (then only delivered tokens are
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator
@@ -358,7 +359,10 @@ async def _complete(call: Call, generation: GenerationRequest, *, chat: bool) ->
     call.first_token_at = generated
     call.delivered_tokens = result.num_tokens
     call.finish_reason = result.finish_reason or "stop"
-    call.usage = result.usage or Usage(call.prompt_estimate, result.num_tokens)
+    # An upstream that reports no usage is billed by the same estimate as prompts (chars/3).
+    call.usage = result.usage or Usage(
+        call.prompt_estimate, result.num_tokens or math.ceil(len(result.text) / 3)
+    )
     call.status = "ok"
     usage = UsageOut.of(call.usage.prompt_tokens, call.usage.completion_tokens)
     body: ChatCompletion | TextCompletion
