@@ -74,7 +74,7 @@ class AttentionMetadata:
     partitions: list[Partition] | None = None
 
 
-DECODE_GROUP_SIZE = 8
+DECODE_GROUP_SIZE = 16
 
 
 def partition_by_length(
