@@ -291,6 +291,10 @@ async def _admit(
             ) from exc
         if admission_span.is_recording():
             admission_span.set_attribute("sluicegate.key_id", key.id)
+    except OpenAIError as exc:
+        if admission_span.is_recording():
+            admission_span.set_attribute("error.type", exc.code or exc.error_type)
+        raise
     finally:
         admission_span.end()
 
