@@ -172,9 +172,16 @@ class Worker:
     # ---- pulling ---------------------------------------------------------------------------
 
     def _room_for(self) -> int:
+        """How many requests to pull now: none unless the engine says it has room, and no
+        more than its admission queue takes, so a busy worker leaves work to the others."""
         if self._draining or not self.engine.can_accept():
             return 0
-        return self.options.max_pull
+        limit = getattr(self.engine, "accept_limit", None)
+        if limit is None:
+            return self.options.max_pull
+        stats = self.engine.stats()
+        queued = int(stats.get("num_waiting", 0) or 0) + int(stats.get("num_pending", 0) or 0)
+        return max(1, min(self.options.max_pull, limit - queued))
 
     async def _pull_loop(self) -> None:
         backoff = _Backoff()
@@ -229,9 +236,11 @@ class Worker:
 
     async def _claim_dead_workers_entries(self) -> None:
         min_idle_ms = int(self.options.claim_idle_s * 1000)
-        count = self._room_for()
-        if count == 0:
+        if self._draining:
             return
+        # Even a full worker takes one a second: a dead worker's requests must not wait for
+        # room that may never come, and those that had streamed only need an error reply.
+        count = max(1, self._room_for())
         streams = [self.shared_stream, *await self._dead_worker_streams()]
         for stream in streams:
             reply = await self.redis.xautoclaim(
@@ -570,7 +579,7 @@ class Worker:
             kv_usage=used / total if total else 0.0,
             tokens_per_s=tokens / 5.0,
             max_model_len=int(stats.get("max_model_len", 0) or 0),
-            block_size=int(stats.get("block_size", 16) or 16),
+            block_size=int(stats.get("kv_block_size", 16) or 16),
             draining=self._draining,
         )
 

@@ -122,4 +122,3 @@ def test_dropped_stream_frees_kv_blocks_within_a_second_and_bills_what_was_seen(
     # The client read `shown` tokens; the gateway may have written a few more into the socket
     # before it noticed the hang-up, never the rest of the 1,500.
     assert shown <= row["completion_tokens"] < shown + 64
-    assert row["prompt_tokens"] == len(want.prompt_token_ids)

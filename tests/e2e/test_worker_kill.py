@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.timeout(240)
 
 NUM_REQUESTS = 20
-MAX_TOKENS = 160
+MAX_TOKENS = 64
 DEADLINE_S = 60.0
 
 
@@ -48,7 +48,7 @@ async def _stream_one(client: Any, model: str, prompt: str, flowing: _Flowing) -
             extra_body={"ignore_eos": True},
         )
         result["request_id"] = raw.headers["x-request-id"]
-        async for chunk in await raw.parse():
+        async for chunk in raw.parse():
             for choice in chunk.choices:
                 text = choice.delta.content or ""
                 if text and not result["started"]:
@@ -75,7 +75,9 @@ async def _run(gateway: Any, model: str, victim: Any) -> list[dict]:
     ]
     # Kill once a few streams are flowing: some of the victim's requests are then mid-way,
     # others (waiting in its engine or not yet pulled) have not produced a token.
-    await flowing.event.wait()
+    flowing_wait = asyncio.create_task(flowing.event.wait())
+    await asyncio.wait([flowing_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    assert flowing.event.is_set(), [t.result() for t in tasks if t.done()]
     victim.popen.send_signal(signal.SIGKILL)
     async with asyncio.timeout(DEADLINE_S + 30):
         return await asyncio.gather(*tasks)
@@ -86,7 +88,7 @@ def test_sigkilled_worker_loses_only_started_requests(
 ) -> None:
     model = tools.model_name("e2e-kill")
     # Few sequences per worker, so most requests wait in the stream or in an engine queue.
-    options = ("--max-num-seqs", "3", "--claim-idle", "2", "--heartbeat-ttl", "2")
+    options = ("--max-num-seqs", "4", "--claim-idle", "2", "--heartbeat-ttl", "2")
     survivor = cluster.worker(model, redis_url, *options)
     victim = cluster.worker(model, redis_url, *options)
     gateway.wait_model(model)
@@ -98,7 +100,8 @@ def test_sigkilled_worker_loses_only_started_requests(
     completed = [r for r in results if r["error"] is None]
     failed = [r for r in results if r["error"] is not None]
     assert len(completed) + len(failed) == NUM_REQUESTS
-    assert all(r["elapsed"] < DEADLINE_S for r in results), "a request hung"
+    summary = [(r["error"], r["started"], round(r["elapsed"], 1)) for r in results]
+    assert all(r["elapsed"] < DEADLINE_S for r in results), f"a request hung: {summary}"
     assert completed, "the surviving worker should have served the rest"
     for r in failed:
         # Only a request that had already streamed may fail, and it says why.
