@@ -103,6 +103,7 @@ def test_sigkilled_worker_loses_only_started_requests(
     summary = [(r["error"], r["started"], round(r["elapsed"], 1)) for r in results]
     assert all(r["elapsed"] < DEADLINE_S for r in results), f"a request hung: {summary}"
     assert completed, "the surviving worker should have served the rest"
+    assert "took over request" in survivor.log(), "the victim held requests nobody took over"
     for r in failed:
         # Only a request that had already streamed may fail, and it says why.
         assert r["started"], f"an unstarted request failed: {r['error']!r}"
