@@ -73,8 +73,10 @@ def workload(num_requests: int, seed: int) -> list[tuple[list[int], int]]:
     return requests
 
 
-def run_engine(folder: Path, requests: list[tuple[list[int], int]]) -> tuple[float, float]:
-    llm = LLM(str(folder), dtype="float32", device="cpu")
+def run_engine(
+    folder: Path, requests: list[tuple[list[int], int]], threads: int
+) -> tuple[float, float]:
+    llm = LLM(str(folder), dtype="float32", device="cpu", num_threads=threads)
     warmup = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     llm.generate([p for p, _ in requests[:4]], warmup)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in requests]
@@ -135,8 +137,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--static-batch", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true", help="engine only (quick profiling)")
+    parser.add_argument(
+        "--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads, all runs"
+    )
     args = parser.parse_args()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(args.threads)
     requests = workload(args.requests, args.seed)
     print(
         f"{len(requests)} requests, {sum(len(p) for p, _ in requests)} prompt tokens, "
@@ -145,7 +150,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         build_model(folder, args.layers)
-        engine_tok_s, peak_kv = run_engine(folder, requests)
+        engine_tok_s, peak_kv = run_engine(folder, requests, args.threads)
         print(
             f"engine:                     {engine_tok_s:8.1f} output tok/s (peak KV {peak_kv:.3f})"
         )

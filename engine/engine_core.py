@@ -37,6 +37,8 @@ class EngineOptions:
     dtype: str = "auto"
     attention_backend: str | None = None
     seed: int | None = None
+    # CPU only: torch intra-op threads; None uses every core this process may run on.
+    num_threads: int | None = None
 
 
 @dataclass
@@ -71,7 +73,7 @@ class EngineCore:
         self.device = resolve_device(options.device)
         if self.device.type == "cpu":
             # Every core for intra-op parallelism: the whole batch is one forward per step.
-            torch.set_num_threads(max(torch.get_num_threads(), _cpu_count()))
+            torch.set_num_threads(options.num_threads or _cpu_count())
         self.tokenizer = Tokenizer(model)
         self.model = load_model(model, self.device, options.dtype)
         config = self.model.config
@@ -172,7 +174,7 @@ class EngineCore:
 
     def _advance(self, request: _Request, logprobs: TokenLogprobs | None) -> RequestDelta:
         seq = request.seq
-        new_tokens = seq.output_token_ids[request.delivered_tokens :]
+        new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens :]
         request.delivered_tokens += len(new_tokens)
         self.num_generated_tokens += len(new_tokens)
         delta = RequestDelta(seq.request_id, token_ids=new_tokens)
