@@ -3,7 +3,6 @@ postprocess -> detokenize and stop strings. Single-threaded: callers serialise a
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from engine.config import SchedulerConfig
 from engine.model_runner import ModelRunner
 from engine.models import load_model
+from engine.models.onednn import can_use_onednn, use_onednn_linears
 from engine.protocol import Usage
 from engine.sampler import Sampler, TokenLogprobs
 from engine.sampling import SamplingParams
@@ -37,8 +37,12 @@ class EngineOptions:
     dtype: str = "auto"
     attention_backend: str | None = None
     seed: int | None = None
-    # CPU only: torch intra-op threads; None uses every core this process may run on.
+    # CPU only: torch intra-op threads for the process; None keeps torch's default (every
+    # core). On a machine shared with other busy processes, 1 can be far faster: each op
+    # splits its work evenly, so a thread that is not scheduled stalls the whole op.
     num_threads: int | None = None
+    # CPU float32 only: run the linears through oneDNN (see engine.models.onednn).
+    onednn_linears: bool = True
 
 
 @dataclass
@@ -71,11 +75,12 @@ class EngineCore:
         options = options or EngineOptions()
         self.options = options
         self.device = resolve_device(options.device)
-        if self.device.type == "cpu":
-            # Every core for intra-op parallelism: the whole batch is one forward per step.
-            torch.set_num_threads(options.num_threads or _cpu_count())
+        if self.device.type == "cpu" and options.num_threads:
+            torch.set_num_threads(options.num_threads)
         self.tokenizer = Tokenizer(model)
         self.model = load_model(model, self.device, options.dtype)
+        if options.onednn_linears and can_use_onednn(self.model):
+            use_onednn_linears(self.model)
         config = self.model.config
         max_model_len = options.max_model_len or config.max_position_embeddings
         self.runner = ModelRunner(
@@ -209,10 +214,3 @@ class EngineCore:
         stats["kv_block_size"] = self.options.block_size
         stats["num_generated_tokens"] = self.num_generated_tokens
         return stats
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1

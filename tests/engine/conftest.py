@@ -8,7 +8,7 @@ a tiny random model has near-tied logits and comparisons would hinge on rounding
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -119,6 +119,16 @@ def save_model(kind: str, folder: Path) -> Path:
     model.save_pretrained(folder, max_shard_size=shard)
     build_tokenizer().save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Tiny models gain nothing from intra-op threads, and on a machine shared with other
+    busy processes a second thread can slow every op down many times over."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

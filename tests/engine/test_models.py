@@ -196,3 +196,18 @@ def test_attention_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_backend_name("torch", CPU) == "torch"  # an explicit option wins
     with pytest.raises(ValueError, match="unknown attention backend"):
         resolve_backend_name("flash", CPU)
+
+
+def test_onednn_linears_compute_the_same_product(llama_dir: Path) -> None:
+    from engine.models.onednn import OneDNNLinear, can_use_onednn, use_onednn_linears
+
+    model = load_model(llama_dir, CPU)
+    assert can_use_onednn(model)
+    linear = model.model.layers[0].mlp.gate_up_proj
+    x = torch.randn(3, 5, linear.in_features)
+    with torch.inference_mode():
+        expected = linear(x)
+        swapped = OneDNNLinear(linear)
+        torch.testing.assert_close(swapped(x), expected, atol=1e-5, rtol=1e-5)
+    assert use_onednn_linears(model) == 2 * 4 + 1  # qkv, o, gate_up, down per layer + lm_head
+    assert not can_use_onednn(load_model(llama_dir, CPU, dtype="bfloat16"))
