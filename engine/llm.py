@@ -33,7 +33,8 @@ class LLM:
     """A model folder loaded into one engine, for offline batch generation.
 
     Extra keyword options (``kv_cache_memory``, ``gpu_memory_utilization``, ``max_model_len``,
-    ``max_waiting``, ``attention_backend``, ``seed``) are those of ``EngineOptions``.
+    ``max_waiting``, ``attention_backend``, ``seed``, ``num_threads``, ``onednn_linears``) are
+    those of ``engine.engine_core.EngineOptions``.
     """
 
     def __init__(
