@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+_HAS_POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
 
 class OneDNNLinear(nn.Module):
     """An ``nn.Linear`` whose weight (and bias) were converted once to oneDNN tensors."""
@@ -23,8 +25,12 @@ class OneDNNLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().contiguous().to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features).contiguous().to_mkldnn()
-        out = torch._C._nn.mkldnn_linear(rows, self.weight, self.bias).to_dense()
+        rows = x.reshape(-1, self.in_features).contiguous()
+        if _HAS_POINTWISE:
+            # Inductor's op: dense input and output, so no per-call format conversions.
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")
+        else:
+            out = torch._C._nn.mkldnn_linear(rows.to_mkldnn(), self.weight, self.bias).to_dense()
         return out.view(*x.shape[:-1], self.out_features)
 
 
