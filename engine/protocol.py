@@ -28,7 +28,11 @@ from typing import Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+"""2: a worker may pack the replies of one step for one reply stream into a ``Batch``; it does
+so only for requests whose ``v`` is at least 2, so version-1 gateways keep getting single
+messages."""
+BATCH_VERSION = 2
 
 REQUEST_GROUP = "workers"
 MESSAGE_FIELD = b"m"
@@ -190,7 +194,14 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     v: int = PROTOCOL_VERSION
 
 
-Message = Request | Delta | Error | Cancel | Heartbeat
+class Batch(msgspec.Struct, tag="batch"):
+    """Replies of one engine step that go to the same reply stream, in order, in one entry."""
+
+    messages: list[Delta | Error]
+    v: int = PROTOCOL_VERSION
+
+
+Message = Request | Delta | Error | Cancel | Heartbeat | Batch
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

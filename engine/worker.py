@@ -39,6 +39,7 @@ logger = logging.getLogger("sluicegate.worker")
 WORKER_VERSION = "0.1.0"
 _REPLY_TTL_S = 120
 _REPLY_MAXLEN = 100_000
+_STARTED_TTL_S = 3600
 
 
 @dataclass
@@ -74,7 +75,9 @@ class _Write:
     """One reply to publish; ``ack`` marks the request's entry done once it is written."""
 
     reply_to: str
-    payload: bytes
+    message: protocol.Delta | protocol.Error | None
+    batchable: bool = False
+    """The request's gateway reads ``Batch`` entries (protocol version 2 and later)."""
     started_key: str | None = None
     ack: tuple[str, bytes] | None = None
 
@@ -429,7 +432,7 @@ class Worker:
             self._finish(item, delta, started)
         else:
             self._writes.put_nowait(
-                _Write(item.request.reply_key(), protocol.encode(delta), started)
+                _Write(item.request.reply_key(), delta, _batchable(item), started)
             )
 
     def _finish(
@@ -438,9 +441,14 @@ class Worker:
         self.in_flight.pop(item.request.request_id, None)
         self.metrics.prompt_tokens.inc(item.prompt_tokens)
         self.metrics.e2e_request_latency.observe(time.monotonic() - item.pulled_at)
-        payload = protocol.encode(delta) if delta is not None else b""
         self._writes.put_nowait(
-            _Write(item.request.reply_key(), payload, started, (item.stream, item.entry_id))
+            _Write(
+                item.request.reply_key(),
+                delta,
+                _batchable(item),
+                started,
+                (item.stream, item.entry_id),
+            )
         )
 
     def _fail(self, item: _InFlight, code: protocol.ErrorCode, message: str) -> None:
@@ -454,12 +462,16 @@ class Worker:
         )
         self._writes.put_nowait(
             _Write(
-                item.request.reply_key(), protocol.encode(error), None, (item.stream, item.entry_id)
+                item.request.reply_key(),
+                error,
+                _batchable(item),
+                None,
+                (item.stream, item.entry_id),
             )
         )
 
     def _ack_now(self, stream: str, entry_id: bytes) -> None:
-        self._writes.put_nowait(_Write("", b"", None, (stream, entry_id)))
+        self._writes.put_nowait(_Write("", None, False, None, (stream, entry_id)))
 
     # ---- writing ---------------------------------------------------------------------------
 
@@ -482,25 +494,30 @@ class Worker:
 
     async def _write_batch(self, batch: list[_Write]) -> None:
         pipe = self.redis.pipeline(transaction=False)
-        expire: set[str] = set()
-        started_ttl = 3600
+        replies: dict[str, list[_Write]] = {}
         for write in batch:
             if write.started_key:
-                pipe.set(write.started_key, self.options.worker_id, ex=started_ttl)
-            if write.payload:
+                pipe.set(write.started_key, self.options.worker_id, ex=_STARTED_TTL_S)
+            if write.message is not None:
+                replies.setdefault(write.reply_to, []).append(write)
+        for reply_to, writes in replies.items():
+            if len(writes) > 1 and all(w.batchable for w in writes):
+                payloads = [protocol.encode(protocol.Batch([w.message for w in writes]))]  # type: ignore[misc]
+            else:
+                payloads = [protocol.encode(w.message) for w in writes]  # type: ignore[arg-type]
+            for payload in payloads:
                 pipe.xadd(
-                    write.reply_to,
-                    {protocol.MESSAGE_FIELD: write.payload},
+                    reply_to,
+                    {protocol.MESSAGE_FIELD: payload},
                     maxlen=_REPLY_MAXLEN,
                     approximate=True,
                 )
-                expire.add(write.reply_to)
+            pipe.expire(reply_to, _REPLY_TTL_S)
+        for write in batch:
             if write.ack:
                 stream, entry_id = write.ack
                 pipe.xack(stream, protocol.REQUEST_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
-        for reply_to in expire:
-            pipe.expire(reply_to, _REPLY_TTL_S)
         await pipe.execute()
 
     # ---- cancellation ----------------------------------------------------------------------
@@ -608,6 +625,10 @@ class _Backoff:
             logger.warning("%s: redis unavailable (%s); retrying with backoff", what, exc)
         self.delay = min(2.0, max(0.05, self.delay * 2))
         await asyncio.sleep(self.delay)
+
+
+def _batchable(item: _InFlight) -> bool:
+    return item.request.v >= protocol.BATCH_VERSION
 
 
 def _log_tasks() -> None:

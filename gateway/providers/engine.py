@@ -175,13 +175,19 @@ class EngineProvider:
                 raise call.error(504, "timeout", "The request exceeded its deadline.")
             if not call.shown and now > first_token_by:
                 raise call.error(504, "timeout", "No engine worker started the request in time.")
-            try:
-                async with asyncio.timeout(min(left, _LIVENESS_CHECK_S)):
-                    item = await queue.get()
-            except TimeoutError:
-                await self._check_liveness(call, time.monotonic() - quiet_since)
-                continue
-            quiet_since = time.monotonic()
+            if queue.empty():
+                # Arm a timer only when there is nothing to relay yet: while tokens flow, the
+                # queue is rarely empty and a per-token timeout would be most of our cost.
+                try:
+                    async with asyncio.timeout(min(left, _LIVENESS_CHECK_S)):
+                        item = await queue.get()
+                except TimeoutError:
+                    await self._check_liveness(call, time.monotonic() - quiet_since)
+                    continue
+                quiet_since = time.monotonic()
+            else:
+                item = queue.get_nowait()
+                quiet_since = now
             if item is TRANSPORT_DOWN:
                 raise call.error(503, "service_unavailable", "Lost the connection to Redis.")
             if isinstance(item, protocol.Error):

@@ -88,6 +88,7 @@ class ReplyReader:
         except protocol.MalformedMessage as exc:
             logger.warning("ignoring malformed reply on %s: %s", self.stream, exc)
             return
-        queue = self._queues.get(getattr(message, "request_id", ""))
-        if queue is not None:
-            queue.put_nowait(message)
+        for part in message.messages if isinstance(message, protocol.Batch) else [message]:
+            queue = self._queues.get(getattr(part, "request_id", ""))
+            if queue is not None:
+                queue.put_nowait(part)
