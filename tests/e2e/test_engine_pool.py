@@ -7,6 +7,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import openai
 import pytest
 
 pytestmark = pytest.mark.timeout(180)
@@ -122,3 +123,45 @@ def test_dropped_stream_frees_kv_blocks_within_a_second_and_bills_what_was_seen(
     # The client read `shown` tokens; the gateway may have written a few more into the socket
     # before it noticed the hang-up, never the rest of the 1,500.
     assert shown <= row["completion_tokens"] < shown + 64
+
+
+def test_too_long_a_request_is_a_400_context_length_exceeded(pool: SimpleNamespace) -> None:
+    client = pool.gateway.openai(max_retries=0, timeout=30)
+    with pytest.raises(openai.BadRequestError) as failure:
+        client.chat.completions.create(
+            model=pool.model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=100_000,  # the tiny model's context is 2,048 tokens
+        )
+    assert failure.value.code == "context_length_exceeded"
+
+
+def test_malformed_stream_entries_are_acknowledged_and_the_worker_keeps_serving(
+    pool: SimpleNamespace, redis_url: str, tools: SimpleNamespace
+) -> None:
+    import redis
+
+    from engine import protocol
+
+    client = redis.Redis.from_url(redis_url)
+    stream = protocol.request_stream(pool.model)
+    heartbeat = protocol.Heartbeat(
+        worker_id="nobody", model=pool.model, served_model_name=pool.model, version="0", time=0.0
+    )
+    for fields in (
+        {b"m": b"\xc1 not msgpack"},
+        {b"other": b"no m field"},
+        {b"m": protocol.encode(heartbeat)},  # valid, but not a request
+    ):
+        client.xadd(stream, fields)
+
+    def all_acknowledged() -> bool:
+        return client.xpending(stream, protocol.REQUEST_GROUP)["pending"] == 0
+
+    tools.wait_until(all_acknowledged, 10, "the bad entries to be acknowledged")
+    assert pool.worker.alive()
+    assert pool.worker.log().count("dropping malformed entry") >= 3
+    reply = pool.gateway.openai(max_retries=0, timeout=30).chat.completions.create(
+        model=pool.model, messages=[{"role": "user", "content": "still there?"}], max_tokens=3
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens >= 1

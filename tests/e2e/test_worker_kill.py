@@ -122,3 +122,30 @@ def test_sigkilled_worker_loses_only_started_requests(
     rows = gateway.wait_usage_rows(NUM_REQUESTS, timeout=20)
     billed = {r["request_id"]: (r["status"], r["completion_tokens"]) for r in rows}
     assert {rid: billed.get(rid) for rid in by_request} == by_request
+
+
+def test_sigterm_lets_in_flight_requests_finish_then_exits(
+    cluster: Any, gateway: Any, redis_url: str, reference: Any, tools: SimpleNamespace
+) -> None:
+    model = tools.model_name("e2e-drain")
+    worker = cluster.worker(model, redis_url)
+    gateway.wait_model(model)
+    client = gateway.openai(max_retries=0, timeout=60)
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": _prompt(0)}],
+        stream=True,
+        max_tokens=400,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    text, signalled = "", False
+    for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+        if text and not signalled:
+            worker.popen.send_signal(signal.SIGTERM)  # mid-stream
+            signalled = True
+    assert signalled
+    assert text == reference.chat(_prompt(0), 400).text
+    assert worker.popen.wait(15) == 0
