@@ -48,72 +48,14 @@ def load_backend(requested: str | None, device: torch.device) -> AttentionBacken
 
 
 @dataclass
-class Partition:
-    """A subset of the step's requests, attended in one backend call."""
-
-    rows: torch.Tensor
-    block_tables: torch.Tensor
-    seq_lens: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-
-
-@dataclass
 class AttentionMetadata:
-    """Where this step's tokens go in the cache and what each request's queries may see.
-
-    ``partitions`` (torch backend only) splits the step into calls of the same backend:
-    the reference pads every decode to the longest one in its call, so decodes are grouped by
-    similar length, which on a CPU cuts the K/V bytes gathered per step by up to half.
-    """
+    """Where this step's tokens go in the cache and what each request's queries may see."""
 
     backend: AttentionBackend
     slot_mapping: torch.Tensor
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     cu_seqlens_q: torch.Tensor
-    partitions: list[Partition] | None = None
-
-
-DECODE_GROUP_SIZE = 16
-
-
-def partition_by_length(
-    query_lens: list[int], seq_lens: list[int], tables: list[list[int]], device: torch.device
-) -> list[Partition] | None:
-    """Decodes sorted by length in groups of ``DECODE_GROUP_SIZE``, plus one partition
-    with every multi-token request; None when a single call would do as well."""
-    decodes = sorted((i for i, n in enumerate(query_lens) if n == 1), key=seq_lens.__getitem__)
-    if len(decodes) <= DECODE_GROUP_SIZE:
-        return None
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    groups = [decodes[i : i + DECODE_GROUP_SIZE] for i in range(0, len(decodes), DECODE_GROUP_SIZE)]
-    prefills = [i for i, n in enumerate(query_lens) if n > 1]
-    if prefills:
-        groups.append(prefills)
-    partitions = []
-    for group in groups:
-        rows = [r for i in group for r in range(starts[i], starts[i + 1])]
-        cu = [0]
-        for i in group:
-            cu.append(cu[-1] + query_lens[i])
-        width = max(len(tables[i]) for i in group)
-        partitions.append(
-            Partition(
-                rows=torch.tensor(rows, dtype=torch.long, device=device),
-                block_tables=torch.tensor(
-                    [tables[i] + [0] * (width - len(tables[i])) for i in group],
-                    dtype=torch.int32,
-                    device=device,
-                ),
-                seq_lens=torch.tensor(
-                    [seq_lens[i] for i in group], dtype=torch.int32, device=device
-                ),
-                cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
-            )
-        )
-    return partitions
 
 
 class PagedAttention(nn.Module):
@@ -136,19 +78,6 @@ class PagedAttention(nn.Module):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        if meta.partitions is not None:
-            out = torch.empty_like(q)
-            for part in meta.partitions:
-                out[part.rows] = meta.backend.paged_attention(
-                    q[part.rows],
-                    self.k_cache,
-                    self.v_cache,
-                    part.block_tables,
-                    part.seq_lens,
-                    part.cu_seqlens_q,
-                    self.scale,
-                )
-            return out
         return meta.backend.paged_attention(
             q,
             self.k_cache,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 import torch
 
-from engine.attention import AttentionMetadata, load_backend, partition_by_length
+from engine.attention import AttentionMetadata, load_backend
 from engine.block_manager import blocks_for
 from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import SchedulerOutput
@@ -201,15 +200,10 @@ class ModelRunner:
         def int32(values: list[int] | list[list[int]]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int32).to(self.device, non_blocking=True)
 
-        partitions = None
-        if self.backend.name == "torch":
-            query_lens = [b - a for a, b in itertools.pairwise(cu_seqlens)]
-            partitions = partition_by_length(query_lens, seq_lens, tables, self.device)
         return AttentionMetadata(
             backend=self.backend,
             slot_mapping=int32(slots),
             block_tables=int32(padded),
             seq_lens=int32(seq_lens),
             cu_seqlens_q=int32(cu_seqlens),
-            partitions=partitions,
         )
