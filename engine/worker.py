@@ -712,6 +712,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--gpu-memory-utilization", type=float)
     engine.add_argument("--dtype")
     engine.add_argument("--device")
+    engine.add_argument("--num-threads", type=int, help="CPU threads for the model (CPU only)")
     engine.add_argument("--no-prefix-caching", action="store_true")
     engine.add_argument("--log-level", default=os.environ.get("SLUICEGATE_LOG_LEVEL", "INFO"))
     return parser
@@ -728,6 +729,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_memory_utilization",
         "dtype",
         "device",
+        "num_threads",
     )
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:
