@@ -1,11 +1,13 @@
 """What the transport costs: streams through gateway + Redis + one worker vs in-process.
 
-The same seeded workload (N requests, C concurrent, greedy, ignore_eos) runs two ways,
+The same seeded workload (N requests, C concurrent, greedy, ignore_eos) runs three ways,
 alternating in rounds within one run:
 
 - gateway: C concurrent streaming HTTP clients -> the gateway (auth, rate limits, usage
   accounting on) -> Redis Streams -> one engine worker process -> back the same way;
-- in-process: the same requests straight into an ``AsyncEngine`` in this process.
+- in-process: the same requests straight into an ``AsyncEngine`` in this process;
+- transport: ``EngineProvider`` in this process -> Redis Streams -> the same worker, no HTTP,
+  which tells the Redis Streams transport's own cost from the HTTP layer's.
 
 Both use a random Llama of small realistic shape (4 layers, hidden 512) so that, as with a real
 model, the engine's step dominates. On a GPU the model's maths leaves the CPU cores to the
@@ -13,7 +15,8 @@ transport; on a small CPU machine it would take them all, so by default the mode
 thread in both modes (``--engine-threads``), leaving a core to the HTTP client, the gateway and
 Redis, and the ratio measures the transport rather than two processes fighting for one core. Prints TTFT p50/p99 and output tokens/s for each and their
 ratio; the last line is one JSON object with ttft_p50_ms, ttft_p99_ms, gateway_tok_s,
-inprocess_tok_s, ratio (gateway / in-process, target >= 0.9 at 32 concurrent streams).
+inprocess_tok_s, ratio (gateway / in-process, target >= 0.9 at 32 concurrent streams), and
+transport_tok_s, transport_ratio.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from engine.demo_model import create_demo_model  # noqa: E402
 from gateway.up import Stack, free_port  # noqa: E402
 
 _CONTENT = re.compile(rb'"content":"[^"]')
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
 ENGINE_OPTIONS: dict[str, Any] = {"device": "cpu", "dtype": "float32", "num_kv_blocks": 1024}
 
 
@@ -108,53 +112,103 @@ async def run_inprocess(
 # ---- through the gateway -------------------------------------------------------------------------
 
 
+async def _stream_once(port: int, api_key: str, body: bytes) -> tuple[float | None, bytes]:
+    """One streaming request over a bare HTTP/1.1 connection: the client costs next to no CPU
+    (no SSE or JSON parsing per event), like the in-process consumer it is compared with.
+    Returns the time to the first content byte and the raw response."""
+    began = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {api_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    writer.write(head.encode() + body)
+    ttft = None
+    received = bytearray()
+    try:
+        while piece := await reader.read(65536):
+            if ttft is None and _CONTENT.search(piece):
+                ttft = time.perf_counter() - began
+            received += piece
+    finally:
+        writer.close()
+    return ttft, bytes(received)
+
+
 async def run_gateway(
-    base_url: str, api_key: str, model: str, prompts: list[str], concurrency: int, max_tokens: int
+    port: int, api_key: str, model: str, prompts: list[str], concurrency: int, max_tokens: int
 ) -> Result:
     limit = asyncio.Semaphore(concurrency)
     ttfts: list[float] = []
     tokens = 0
-    headers = {"Authorization": f"Bearer {api_key}"}
-    async with httpx.AsyncClient(
-        base_url=base_url,
-        headers=headers,
-        timeout=120,
-        limits=httpx.Limits(max_connections=concurrency * 2),
-    ) as client:
 
-        async def one(prompt: str) -> None:
-            nonlocal tokens
-            body = {
-                "model": model,
-                "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            async with limit:
-                began = time.perf_counter()
-                first = True
-                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-                    response.raise_for_status()
-                    # A lean client, like the in-process consumer: look at the raw SSE bytes,
-                    # decode JSON only for the final usage event.
-                    received = bytearray()
-                    async for piece in response.aiter_raw():
-                        if first and _CONTENT.search(piece):
-                            ttfts.append(time.perf_counter() - began)
-                            first = False
-                        received += piece
-                events = bytes(received).split(b"\n\n")
-                if any(e.startswith(b'data: {"error"') for e in events):
-                    raise RuntimeError(f"stream ended in an error: {bytes(received)[-500:]!r}")
-                usage = next(e for e in reversed(events) if b'"usage":{' in e)
-                tokens += json.loads(usage[6:])["usage"]["completion_tokens"]
+    async def one(prompt: str) -> None:
+        nonlocal tokens
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with limit:
+            ttft, raw = await _stream_once(port, api_key, json.dumps(body).encode())
+        if not raw.startswith(b"HTTP/1.1 200") or b'data: {"error"' in raw:
+            raise RuntimeError(f"request failed: {raw[:300]!r} ... {raw[-300:]!r}")
+        if ttft is not None:
+            ttfts.append(ttft)
+        tokens += int(_COMPLETION_TOKENS.findall(raw)[-1])
 
+    began = time.perf_counter()
+    await asyncio.gather(*(one(p) for p in prompts))
+    return Result(ttfts, tokens, time.perf_counter() - began)
+
+
+async def run_transport(
+    redis_url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int
+) -> Result:
+    """The same requests through ``EngineProvider`` directly: Redis Streams and the worker,
+    without HTTP, so the report can tell the transport's cost from the HTTP layer's."""
+    import redis.asyncio as aioredis
+
+    from engine.protocol import ChatMessage, Sampling
+    from gateway.providers.base import GenerationRequest
+    from gateway.providers.engine import EngineProvider
+    from gateway.settings import Settings
+
+    client = aioredis.from_url(redis_url)
+    provider = EngineProvider(client, Settings(redis_url=redis_url), model)
+    limit = asyncio.Semaphore(concurrency)
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def one(prompt: str) -> None:
+        nonlocal tokens
+        request = GenerationRequest(
+            request_id=uuid.uuid4().hex,
+            model=model,
+            sampling=Sampling(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+            messages=[ChatMessage("user", prompt)],
+        )
+        async with limit:
+            began = time.perf_counter()
+            async for chunk in provider.generate(request):
+                if began:
+                    ttfts.append(time.perf_counter() - began)
+                    began = 0.0
+                if chunk.usage is not None:
+                    tokens += chunk.usage.completion_tokens
+
+    try:
         began = time.perf_counter()
         await asyncio.gather(*(one(p) for p in prompts))
         return Result(ttfts, tokens, time.perf_counter() - began)
+    finally:
+        await provider.close()
+        await client.aclose()
 
 
 # ---- services ------------------------------------------------------------------------------------
@@ -288,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             response.raise_for_status()
             api_key = response.json()["key"]
             wait_listed(base_url, api_key, model_name)
-            results = asyncio.run(_rounds(args, prompts, model_dir, base_url, api_key, model_name))
+            results = asyncio.run(_rounds(args, prompts, model_dir, port, api_key, model_name))
         finally:
             stack.stop()
 
@@ -297,6 +351,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio = statistics.median(
         g.tok_s / p.tok_s for g, p in zip(results["gateway"], results["inprocess"], strict=True)
     )
+    transport_ratio = statistics.median(
+        t.tok_s / p.tok_s for t, p in zip(results["transport"], results["inprocess"], strict=True)
+    )
+    transport_tok_s = statistics.median(r.tok_s for r in results["transport"])
     gateway_tok_s = statistics.median(r.tok_s for r in results["gateway"])
     inprocess_tok_s = statistics.median(r.tok_s for r in results["inprocess"])
     ttfts = [t for r in results["gateway"] for t in r.ttft_s]
@@ -315,6 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"ratio gateway / in-process (median of rounds): {ratio:.3f} (target >= 0.90)")
     print(
+        f"Redis Streams transport alone (EngineProvider -> worker, no HTTP): {transport_tok_s:.1f} "
+        f"tok/s, ratio {transport_ratio:.3f}"
+    )
+    print(
         json.dumps(
             {
                 "ttft_p50_ms": round(percentile(ttfts, 0.5) * 1000, 2),
@@ -323,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                 "gateway_tok_s": round(gateway_tok_s, 1),
                 "inprocess_tok_s": round(inprocess_tok_s, 1),
                 "ratio": round(ratio, 4),
+                "transport_tok_s": round(transport_tok_s, 1),
+                "transport_ratio": round(transport_ratio, 4),
                 "concurrency": args.concurrency,
                 "requests": args.requests,
                 "max_tokens": args.max_tokens,
@@ -337,7 +401,7 @@ async def _rounds(
     args: argparse.Namespace,
     prompts: list[str],
     model_dir: Path,
-    base_url: str,
+    port: int,
     api_key: str,
     model_name: str,
 ) -> dict[str, list[Result]]:
@@ -347,28 +411,29 @@ async def _rounds(
     started = engine.start()
     if asyncio.iscoroutine(started):
         await started
-    results: dict[str, list[Result]] = {"gateway": [], "inprocess": []}
+    results: dict[str, list[Result]] = {"gateway": [], "inprocess": [], "transport": []}
     try:
         warm = prompts[: args.concurrency]
         await run_inprocess(engine, warm, args.concurrency, 4)
-        await run_gateway(base_url, api_key, model_name, warm, args.concurrency, 4)
+        await run_gateway(port, api_key, model_name, warm, args.concurrency, 4)
+        await run_transport(args.redis_url, model_name, warm, args.concurrency, 4)
+        runs = {
+            "inprocess": lambda: run_inprocess(engine, prompts, args.concurrency, args.max_tokens),
+            "gateway": lambda: run_gateway(
+                port, api_key, model_name, prompts, args.concurrency, args.max_tokens
+            ),
+            "transport": lambda: run_transport(
+                args.redis_url, model_name, prompts, args.concurrency, args.max_tokens
+            ),
+        }
+        order = list(runs)
         for round_no in range(args.rounds):
-            # Alternate which goes first, so neither always runs on a warmer machine.
-            if round_no % 2:
-                gateway = await run_gateway(
-                    base_url, api_key, model_name, prompts, args.concurrency, args.max_tokens
-                )
-                inproc = await run_inprocess(engine, prompts, args.concurrency, args.max_tokens)
-            else:
-                inproc = await run_inprocess(engine, prompts, args.concurrency, args.max_tokens)
-                gateway = await run_gateway(
-                    base_url, api_key, model_name, prompts, args.concurrency, args.max_tokens
-                )
-            results["inprocess"].append(inproc)
-            results["gateway"].append(gateway)
+            # Rotate which goes first, so none always runs on a warmer (or busier) machine.
+            for mode in order[round_no % 3 :] + order[: round_no % 3]:
+                results[mode].append(await runs[mode]())
             print(
-                f"round {round_no + 1}: gateway {gateway.tok_s:.1f} tok/s, "
-                f"in-process {inproc.tok_s:.1f} tok/s",
+                f"round {round_no + 1}: "
+                + ", ".join(f"{m} {results[m][-1].tok_s:.1f} tok/s" for m in order),
                 flush=True,
             )
     finally:

@@ -191,9 +191,12 @@ class Worker:
         while True:
             count = self._room_for()
             if count == 0:
+                # Woken after every engine step (deltas) and every finished request, when
+                # the engine may have admitted what waited; the timeout covers steps that
+                # produce no delta (a long prefill in chunks).
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._room.wait(), 0.05)
+                    await asyncio.wait_for(self._room.wait(), 0.02)
                 continue
             try:
                 reply = await self.redis.xreadgroup(
@@ -389,6 +392,7 @@ class Worker:
         return outputs
 
     def _publish_delta(self, item: _InFlight, output: Any) -> None:
+        self._room.set()
         now = time.monotonic()
         token_ids = list(getattr(output, "token_ids", None) or [])
         finish_reason = getattr(output, "finish_reason", None)
