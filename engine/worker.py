@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import inspect
 import logging
@@ -104,7 +105,10 @@ class Worker:
         self._draining = False
         self._stopped = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._tokens_window: list[tuple[float, int]] = []
+        self._tokens_per_second: collections.Counter[int] = collections.Counter()
+        """Generated tokens by whole second, for the heartbeat's tokens/s over the last 5 s."""
+        self._expired_at: dict[str, float] = {}
+        """When each reply stream's TTL was last refreshed."""
         self.liveness = LivenessThread(
             options.redis_url,
             model,
@@ -400,7 +404,7 @@ class Worker:
         item.completion_tokens += len(token_ids)
         if token_ids:
             self.metrics.generation_tokens.inc(len(token_ids))
-            self._tokens_window.append((now, len(token_ids)))
+            self._tokens_per_second[int(now)] += len(token_ids)
             if item.last_delta_at:
                 self.metrics.inter_token_latency.observe(now - item.last_delta_at)
             else:
@@ -497,7 +501,11 @@ class Worker:
                 self._writes.task_done()
 
     async def _write_batch(self, batch: list[_Write]) -> None:
+        now = time.monotonic()
+        if len(self._expired_at) > 10_000:
+            self._expired_at = {k: t for k, t in self._expired_at.items() if now - t < _REPLY_TTL_S}
         pipe = self.redis.pipeline(transaction=False)
+        refreshed: list[str] = []
         replies: dict[str, list[_Write]] = {}
         for write in batch:
             if write.started_key:
@@ -516,13 +524,17 @@ class Worker:
                     maxlen=_REPLY_MAXLEN,
                     approximate=True,
                 )
-            pipe.expire(reply_to, _REPLY_TTL_S)
+            if now - self._expired_at.get(reply_to, 0.0) > _REPLY_TTL_S / 10:
+                pipe.expire(reply_to, _REPLY_TTL_S)
+                refreshed.append(reply_to)
         for write in batch:
             if write.ack:
                 stream, entry_id = write.ack
                 pipe.xack(stream, protocol.REQUEST_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
         await pipe.execute()
+        for reply_to in refreshed:
+            self._expired_at[reply_to] = now
 
     # ---- cancellation ----------------------------------------------------------------------
 
@@ -585,8 +597,10 @@ class Worker:
         total = int(stats.get("kv_blocks_total", 0) or 0)
         used = int(stats.get("kv_blocks_used", 0) or 0)
         now = time.monotonic()
-        self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 5.0]
-        tokens = sum(n for _, n in self._tokens_window)
+        recent = int(now) - 5
+        for second in [s for s in self._tokens_per_second if s < recent]:
+            del self._tokens_per_second[second]
+        tokens = sum(self._tokens_per_second.values())
         return protocol.Heartbeat(
             worker_id=self.options.worker_id,
             model=self.options.model_name,
