@@ -21,6 +21,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--workers", type=int, default=1, help="processes (default: 1)")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--access-log", action="store_true", help="log every request")
+    parser.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight streams may run on after SIGTERM (keep below the pod's grace period)",
+    )
     args = parser.parse_args(argv)
     uvicorn.run(
         "gateway.app:create_app",
@@ -33,6 +39,6 @@ def main(argv: list[str]) -> int:
         lifespan="on",
         # The gateway reads no client address; skipping X-Forwarded-* parsing saves work.
         proxy_headers=False,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=args.graceful_timeout,
     )
     return 0
