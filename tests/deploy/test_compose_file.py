@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 COMPOSE_FILE = HERE.parents[1] / "docker-compose.yml"
 DOCKERFILE = HERE.parents[1] / "Dockerfile"
 
-# What a user exports before `docker compose up` (docs/deploy.md).
+# What a user exports before `docker compose up` (the README's deployment section).
 USER_ENV = {"SLUICEGATE_MASTER_KEY": "sk-admin-example", "SLUICEGATE_MODEL_DIR": "/srv/models"}
 
 _VARIABLE = re.compile(
