@@ -3,6 +3,7 @@ postprocess -> detokenize and stop strings. Single-threaded: callers serialise a
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -51,9 +54,21 @@ class EngineOptions:
     onednn_linears: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class RequestTimings:
+    """A request's phases in ``time.monotonic()`` seconds; None for a phase never reached."""
+
+    arrival: float
+    first_scheduled: float | None
+    first_token: float | None
+    finished: float
+    num_preemptions: int
+
+
 @dataclass
 class RequestDelta:
-    """What one step added to one request. The last delta has ``finish_reason`` and ``usage``."""
+    """What one step added to one request. The last delta has ``finish_reason``, ``usage``
+    and ``timings``."""
 
     request_id: str
     text: str = ""
@@ -61,6 +76,7 @@ class RequestDelta:
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
+    timings: RequestTimings | None = None
 
 
 @dataclass
@@ -89,6 +105,12 @@ class EngineCore:
             use_onednn_linears(self.model)
         config = self.model.config
         max_model_len = options.max_model_len or config.max_position_embeddings
+        if config.sliding_window and max_model_len > config.sliding_window:
+            logger.warning(
+                "context length capped at the model's sliding window of %d tokens",
+                config.sliding_window,
+            )
+            max_model_len = config.sliding_window
         self.runner = ModelRunner(
             self.model,
             self.device,
@@ -186,6 +208,8 @@ class EngineCore:
     def _advance(self, request: _Request, logprobs: TokenLogprobs | None) -> RequestDelta:
         seq = request.seq
         new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens :]
+        if new_tokens and seq.first_token_time is None:
+            seq.first_token_time = time.monotonic()
         request.delivered_tokens += len(new_tokens)
         self.num_generated_tokens += len(new_tokens)
         delta = RequestDelta(seq.request_id, token_ids=new_tokens)
@@ -210,6 +234,13 @@ class EngineCore:
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=request.delivered_tokens,
             cached_tokens=seq.num_cached_tokens,
+        )
+        delta.timings = RequestTimings(
+            arrival=seq.arrival_time,
+            first_scheduled=seq.first_scheduled_time,
+            first_token=seq.first_token_time,
+            finished=time.monotonic(),
+            num_preemptions=seq.num_preemptions,
         )
         return delta
 

@@ -47,6 +47,9 @@ class ModelConfig:
     hidden_act: str
     dtype: torch.dtype
     eos_token_ids: list[int] = field(default_factory=list)
+    # Attention window (Mistral v0.1); the models attend to the full context, so the engine
+    # caps the context length at the window, where both agree.
+    sliding_window: int | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -78,6 +81,9 @@ class ModelConfig:
             hidden_act=raw.get("hidden_act", "silu"),
             dtype=parse_dtype(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            sliding_window=(
+                raw.get("sliding_window") if raw.get("use_sliding_window", True) else None
+            ),
         )
 
     @classmethod

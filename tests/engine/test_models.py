@@ -211,3 +211,15 @@ def test_onednn_linears_compute_the_same_product(llama_dir: Path) -> None:
         torch.testing.assert_close(swapped(x), expected, atol=1e-5, rtol=1e-5)
     assert use_onednn_linears(model) == 2 * 4 + 1  # qkv, o, gate_up, down per layer + lm_head
     assert not can_use_onednn(load_model(llama_dir, CPU, dtype="bfloat16"))
+
+
+def test_sliding_window_caps_the_context(mistral_dir: Path, tmp_path: Path) -> None:
+    from engine import LLM
+
+    folder = _copy_with_config(mistral_dir, tmp_path / "windowed", sliding_window=64)
+    llm = LLM(str(folder), num_kv_blocks=16)
+    assert llm.engine.scheduler.config.max_model_len == 64
+    from engine.scheduler import RequestRejected
+
+    with pytest.raises(RequestRejected, match="64"):
+        llm.generate([5] * 60, SamplingParams(max_tokens=10))
