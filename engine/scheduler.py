@@ -17,6 +17,7 @@ always finishes.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,6 +154,8 @@ class Scheduler:
             self.waiting.popleft()
             manager.allocate(seq, cached, num_cached_tokens + num_new)
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             scheduled.append(ScheduledSequence(seq, num_new))
             budget -= num_new
@@ -165,6 +168,7 @@ class Scheduler:
         # Victims go youngest first, so each older one lands in front of it: FCFS holds.
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        seq.num_preemptions += 1
 
     # -- results ----------------------------------------------------------------------------
 

@@ -52,6 +52,11 @@ class Sequence:
         self.finish_reason: str | None = None
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0
+        # Monotonic times of the first admission and first output token, and how often the
+        # sequence lost its blocks: what a request's queue/prefill/decode spans are made of.
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.num_preemptions = 0
         self.block_table: list[int] = []
         # Chained hashes of the leading full blocks of block_table already known to the
         # prefix cache, so each block is hashed once however long the sequence grows.
