@@ -33,6 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from engine import protocol
 from engine.metrics import HealthServer, WorkerMetrics
+from engine.tracing import RequestTracer
 from engine.worker_liveness import LivenessThread
 
 logger = logging.getLogger("sluicegate.worker")
@@ -95,6 +96,7 @@ class Worker:
         self.redis = redis
         self.options = options
         self.metrics = metrics or WorkerMetrics(options.model_name)
+        self.tracer = RequestTracer(options.model_name, options.worker_id)
         model = options.model_name
         self.shared_stream = protocol.request_stream(model)
         self.own_stream = protocol.worker_stream(model, options.worker_id)
@@ -437,6 +439,7 @@ class Worker:
             item.started = True
             started = protocol.started_key(self.options.model_name, item.request.request_id)
         if finish_reason is not None:
+            self.tracer.request_finished(item.request, item.pulled_at, output)
             self._finish(item, delta, started)
         else:
             self._writes.put_nowait(
