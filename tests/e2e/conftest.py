@@ -283,11 +283,12 @@ async def _usage_rows(
     return rows
 
 
-def create_key(base_url: str, name: str) -> tuple[str, str]:
+def create_key(base_url: str, name: str, **limits: Any) -> tuple[str, str]:
+    """A new API key (``limits``: the admin API's, e.g. ``rpm_limit``); (plaintext, id)."""
     response = httpx.post(
         f"{base_url}/admin/keys",
         headers={"Authorization": f"Bearer {MASTER_KEY}"},
-        json={"name": name},
+        json={"name": name, **limits},
         timeout=10,
     )
     assert response.status_code == 201, response.text
