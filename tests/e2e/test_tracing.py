@@ -297,3 +297,50 @@ def test_one_trace_holds_gateway_and_engine_spans(
     every_value = [str(v) for s in gateway.values() for v in (s.attributes or {}).values()]
     every_value += [str(v) for _, s in engine.values() for v in _attributes(s.attributes).values()]
     assert not any("secret" in value for value in every_value)
+
+
+def test_a_request_aborted_in_the_queue_has_only_a_queue_phase(
+    gateway_spans: InMemorySpanExporter,
+) -> None:
+    from engine import protocol
+    from engine.engine_core import RequestDelta, RequestTimings
+    from engine.protocol import Usage
+    from engine.tracing import RequestTracer
+
+    gateway_spans.clear()
+    now = time.monotonic()
+    final = RequestDelta(
+        "queued-1",
+        finish_reason="abort",
+        usage=Usage(7, 0),
+        timings=RequestTimings(
+            arrival=now - 0.2, first_scheduled=None, first_token=None, finished=now,
+            num_preemptions=0,
+        ),
+    )  # fmt: skip
+    request = protocol.Request(request_id="queued-1", model="m", prompt="x")
+    RequestTracer("m", "w1").request_finished(request, now - 0.25, final)
+    spans = {s.name: s for s in gateway_spans.get_finished_spans()}
+    assert set(spans) == {"engine.request", "engine.queue"}
+    root, queue = spans["engine.request"], spans["engine.queue"]
+    assert root.parent is None, "without a traceparent the engine starts a trace of its own"
+    assert queue.parent is not None and queue.parent.span_id == root.context.span_id
+    assert queue.end_time == root.end_time
+    assert 0.24e9 < root.end_time - root.start_time < 0.26e9
+    assert root.attributes is not None
+    assert root.attributes["gen_ai.response.finish_reasons"] == ("abort",)
+    assert root.attributes["gen_ai.usage.output_tokens"] == 0
+
+
+def test_no_tracing_without_an_otlp_endpoint(tools: SimpleNamespace) -> None:
+    import subprocess
+    import sys
+
+    env = tools.base_env()
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    check = (
+        "from engine.tracing import RequestTracer, tracing_enabled\n"
+        "RequestTracer('m', 'w')\n"
+        "assert not tracing_enabled()\n"
+    )
+    subprocess.run([sys.executable, "-c", check], env=env, check=True, timeout=60)
