@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import uvicorn
 from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
@@ -191,6 +192,8 @@ def traced(
             yield SimpleNamespace(
                 model=model, base_url=base_url, api_key=api_key, collector=collector
             )
+        with redis.Redis.from_url(redis_url) as client:
+            client.delete(settings.usage_stream)
 
 
 def _wait_for(what: str, found: Any, timeout: float = 10.0) -> Any:
