@@ -140,6 +140,9 @@ class Cluster:
 
     def gateway(self, database_url: str, redis_url: str, **settings: str) -> Process:
         port = free_port()
+        # A usage stream of its own: gateways of other test runs on the shared Redis would
+        # otherwise flush this one's usage events into their databases.
+        settings = {"usage_stream": f"sg:usage:e2e:{uuid.uuid4().hex[:8]}", **settings}
         env = base_env(
             SLUICEGATE_DATABASE_URL=database_url,
             SLUICEGATE_REDIS_URL=redis_url,
