@@ -68,9 +68,11 @@ class RequestTimings:
 @dataclass
 class RequestDelta:
     """What one step added to one request. The last delta has ``finish_reason``, ``usage``
-    and ``timings``."""
+    and ``timings``; every delta names the prompt's length, so a request cut short (client
+    gone, worker draining) is billed its real prompt tokens rather than an estimate."""
 
     request_id: str
+    num_prompt_tokens: int = 0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
@@ -212,7 +214,9 @@ class EngineCore:
             seq.first_token_time = time.monotonic()
         request.delivered_tokens += len(new_tokens)
         self.num_generated_tokens += len(new_tokens)
-        delta = RequestDelta(seq.request_id, token_ids=new_tokens)
+        delta = RequestDelta(
+            seq.request_id, num_prompt_tokens=seq.num_prompt_tokens, token_ids=new_tokens
+        )
         if logprobs is not None:
             delta.logprobs.append(logprobs)
         detokenizer = request.detokenizer

@@ -143,6 +143,8 @@ class Call:
     first_token_at: float | None = None
     finish_reason: str | None = None
     usage: Usage | None = None
+    prompt_tokens: int = 0
+    """The provider's real prompt count, once a chunk reported it."""
     status: str = "cancelled"
     """Stays ``cancelled`` unless the stream ran to its end (ok) or failed (error)."""
     finished: bool = False
@@ -156,7 +158,7 @@ class Call:
             return Usage(self.usage.prompt_tokens, self.delivered_tokens)
         if self.first_token_at is None:
             return Usage(0, 0)
-        return Usage(self.prompt_estimate, self.delivered_tokens)
+        return Usage(self.prompt_tokens or self.prompt_estimate, self.delivered_tokens)
 
     def chunk_received(self, chunk: GenerationChunk) -> None:
         if self.first_token_at is None:
@@ -165,6 +167,8 @@ class Call:
             self.delivered_tokens += chunk.num_tokens or 1
         if chunk.finish_reason:
             self.finish_reason = chunk.finish_reason
+        if chunk.prompt_tokens:
+            self.prompt_tokens = chunk.prompt_tokens
         if chunk.usage is not None:
             self.usage = chunk.usage
 
@@ -476,7 +480,7 @@ async def _events(
     call.status = "ok"
     call.finish_reason = call.finish_reason or "stop"
     if call.usage is None:
-        call.usage = Usage(call.prompt_estimate, call.delivered_tokens)
+        call.usage = Usage(call.prompt_tokens or call.prompt_estimate, call.delivered_tokens)
     yield _chunk(call, chat=chat, text=None if chat else "", role=False, finish=call.finish_reason)
     if call.include_usage:
         yield _usage_chunk(call, chat=chat)

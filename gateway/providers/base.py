@@ -34,6 +34,9 @@ class GenerationChunk:
     usage: Usage | None = None
     num_tokens: int = 0
     """Completion tokens carried by this chunk, when the provider knows them."""
+    prompt_tokens: int = 0
+    """The prompt's real token count once the provider knows it (0 = unknown), so a request
+    cut short is billed its real prompt rather than the admission estimate."""
 
 
 @dataclass

@@ -337,6 +337,7 @@ class _Call:
             finish_reason=delta.finish_reason,
             usage=usage,
             num_tokens=self.unshown,
+            prompt_tokens=self.prompt_tokens,
         )
         self.unshown = 0
         return chunk

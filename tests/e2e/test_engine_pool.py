@@ -127,6 +127,8 @@ def test_dropped_stream_frees_kv_blocks_within_a_second_and_bills_what_was_seen(
     # The client read `shown` tokens; the gateway may have written more into the socket before
     # it noticed the hang-up, but never bills a token the worker did not hand it.
     assert shown <= row["completion_tokens"] <= generated
+    # The prompt is billed at its real length, not the gateway's admission estimate.
+    assert row["prompt_tokens"] == len(want.prompt_token_ids)
 
 
 def test_too_long_a_request_is_a_400_context_length_exceeded(pool: SimpleNamespace) -> None:

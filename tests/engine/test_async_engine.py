@@ -34,6 +34,7 @@ async def test_concurrent_streams_equal_offline_generation(llama_dir: Path) -> N
         assert [t for d in deltas for t in d.token_ids] == want.token_ids
         assert "".join(d.text for d in deltas) == want.text
         assert all(d.finish_reason is None and d.usage is None for d in deltas[:-1])
+        assert all(d.num_prompt_tokens == len(want.prompt_token_ids) for d in deltas)
         last = deltas[-1]
         assert last.finish_reason == "length"
         assert last.usage is not None
