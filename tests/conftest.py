@@ -14,6 +14,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,6 +96,28 @@ def fresh_database_url(admin_database_url: str) -> Iterator[str]:
     asyncio.run(
         _run_admin_sql(admin_database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     )
+
+
+@pytest.fixture(scope="module")
+def span_exporter() -> Iterator[Any]:
+    """Spans finished in this process while the module runs.
+
+    OpenTelemetry lets a process install its tracer provider only once, so each module's
+    exporter joins the first SDK provider of the session instead of replacing it.
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()
 
 
 @pytest.fixture

@@ -22,15 +22,13 @@ import httpx
 import pytest
 import redis
 import uvicorn
-from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -127,25 +125,12 @@ class ServerThread:
 
 
 @pytest.fixture(scope="module")
-def gateway_spans() -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        # Another module of the session may have installed the SDK provider already (a
-        # provider can be set only once); then our exporter joins it.
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
-
-
-@pytest.fixture(scope="module")
 def traced(
     cluster: Any,
     e2e_database_url: str,
     redis_url: str,
     tools: SimpleNamespace,
-    gateway_spans: InMemorySpanExporter,
+    span_exporter: InMemorySpanExporter,
 ) -> Iterator[SimpleNamespace]:
     from gateway.app import create_app
     from gateway.settings import Settings
@@ -205,7 +190,7 @@ def _wait_for(what: str, found: Any, timeout: float = 10.0) -> Any:
 
 
 def test_one_trace_holds_gateway_and_engine_spans(
-    traced: SimpleNamespace, gateway_spans: InMemorySpanExporter, tiny_model_dir: Path
+    traced: SimpleNamespace, span_exporter: InMemorySpanExporter, tiny_model_dir: Path
 ) -> None:
     from openai import OpenAI
 
@@ -231,11 +216,11 @@ def test_one_trace_holds_gateway_and_engine_spans(
 
     def gateway_trace() -> list[ReadableSpan] | None:
         # The client span ends when the request settles, just after the last byte.
-        spans = [s for s in gateway_spans.get_finished_spans() if s.name == f"chat {traced.model}"]
+        spans = [s for s in span_exporter.get_finished_spans() if s.name == f"chat {traced.model}"]
         if not spans:
             return None
         trace_id = spans[-1].context.trace_id
-        return [s for s in gateway_spans.get_finished_spans() if s.context.trace_id == trace_id]
+        return [s for s in span_exporter.get_finished_spans() if s.context.trace_id == trace_id]
 
     gateway = {s.name: s for s in _wait_for("the gateway's spans", gateway_trace)}
     assert set(gateway) == {
@@ -303,14 +288,14 @@ def test_one_trace_holds_gateway_and_engine_spans(
 
 
 def test_a_request_aborted_in_the_queue_has_only_a_queue_phase(
-    gateway_spans: InMemorySpanExporter,
+    span_exporter: InMemorySpanExporter,
 ) -> None:
     from engine import protocol
     from engine.engine_core import RequestDelta, RequestTimings
     from engine.protocol import Usage
     from engine.tracing import RequestTracer
 
-    gateway_spans.clear()
+    span_exporter.clear()
     now = time.monotonic()
     final = RequestDelta(
         "queued-1",
@@ -323,7 +308,7 @@ def test_a_request_aborted_in_the_queue_has_only_a_queue_phase(
     )  # fmt: skip
     request = protocol.Request(request_id="queued-1", model="m", prompt="x")
     RequestTracer("m", "w1").request_finished(request, now - 0.25, final)
-    spans = {s.name: s for s in gateway_spans.get_finished_spans()}
+    spans = {s.name: s for s in span_exporter.get_finished_spans()}
     assert set(spans) == {"engine.request", "engine.queue"}
     root, queue = spans["engine.request"], spans["engine.queue"]
     assert root.parent is None, "without a traceparent the engine starts a trace of its own"

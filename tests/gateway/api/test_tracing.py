@@ -6,10 +6,6 @@ import time
 from collections.abc import Callable
 
 import httpx
-import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -19,17 +15,8 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 INCOMING = f"00-{TRACE_ID}-b7ad6b7169203331-01"
 
 
-@pytest.fixture(scope="module")
-def spans() -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    return exporter
-
-
 def test_spans_follow_genai_conventions_and_keep_prompts_out(
-    spans: InMemorySpanExporter,
+    span_exporter: InMemorySpanExporter,
     gateway: str,
     make_key: Callable[..., str],
     upstream: tuple[Upstream, str],
@@ -43,7 +30,9 @@ def test_spans_follow_genai_conventions_and_keep_prompts_out(
         headers=headers,
     )
     assert response.status_code == 200
-    finished = [s for s in spans.get_finished_spans() if s.context.trace_id == int(TRACE_ID, 16)]
+    finished = [
+        s for s in span_exporter.get_finished_spans() if s.context.trace_id == int(TRACE_ID, 16)
+    ]
     by_name = {s.name: s for s in finished}
     assert set(by_name) == {
         "POST /v1/chat/completions",
@@ -76,9 +65,9 @@ def test_spans_follow_genai_conventions_and_keep_prompts_out(
 
 
 def test_streaming_makes_no_span_per_chunk(
-    spans: InMemorySpanExporter, gateway: str, make_key: Callable[..., str]
+    span_exporter: InMemorySpanExporter, gateway: str, make_key: Callable[..., str]
 ) -> None:
-    spans.clear()
+    span_exporter.clear()
     headers = {"authorization": f"Bearer {make_key()}", "traceparent": INCOMING}
     body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     with httpx.stream("POST", f"{gateway}/v1/chat/completions", json=body, headers=headers) as r:
@@ -86,7 +75,7 @@ def test_streaming_makes_no_span_per_chunk(
     deadline = time.monotonic() + 2
     while True:  # the client span ends when the request settles, just after the last byte
         finished = [
-            s for s in spans.get_finished_spans() if s.context.trace_id == int(TRACE_ID, 16)
+            s for s in span_exporter.get_finished_spans() if s.context.trace_id == int(TRACE_ID, 16)
         ]
         if len(finished) >= 3 or time.monotonic() > deadline:
             break
