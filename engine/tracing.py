@@ -24,8 +24,10 @@ _configured = False
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
-def setup_tracing(service_name: str = "sluicegate-engine") -> bool:
-    """Install an OTLP-exporting tracer provider once, if an OTLP endpoint is configured."""
+def setup_otlp_tracing(service_name: str) -> bool:
+    """Install an OTLP-exporting tracer provider once, if an OTLP endpoint is configured.
+
+    Torch-free, like the protocol: the gateway uses it too, so both sides export alike."""
     global _configured
     if _configured or not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return _configured
@@ -44,6 +46,8 @@ def setup_tracing(service_name: str = "sluicegate-engine") -> bool:
 
 
 def tracing_enabled() -> bool:
+    """Whether spans are recorded: our OTLP setup ran, or the process installed its own
+    provider (e.g. ``opentelemetry-instrument`` or a test's in-memory exporter)."""
     return _configured or not isinstance(
         trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
     )
@@ -53,7 +57,7 @@ class RequestTracer:
     """Makes a finished request's spans; a no-op unless tracing is enabled."""
 
     def __init__(self, model_name: str, worker_id: str) -> None:
-        setup_tracing()
+        setup_otlp_tracing("sluicegate-engine")
         self.model_name = model_name
         self.worker_id = worker_id
         self._tracer = trace.get_tracer("sluicegate.engine")

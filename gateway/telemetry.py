@@ -12,7 +12,6 @@ conventions — never a span per streamed chunk, and prompts only with
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from engine.tracing import setup_otlp_tracing
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -111,32 +112,10 @@ def metrics_endpoint() -> Response[bytes]:
 
 # ---- tracing ---------------------------------------------------------------------------------
 
-_configured = False
 
-
-def setup_tracing(service_name: str = "sluicegate-gateway") -> bool:
-    """Install an OTLP-exporting tracer provider once, if an OTLP endpoint is configured."""
-    global _configured
-    if _configured or not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        return _configured
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(provider)
-    _configured = True
-    return True
-
-
-def tracing_enabled() -> bool:
-    """Whether spans are recorded: our OTLP setup ran, or the process installed its own
-    provider (e.g. ``opentelemetry-instrument`` or a test's in-memory exporter)."""
-    return _configured or not isinstance(
-        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
-    )
+def setup_tracing() -> bool:
+    """Export the gateway's spans over OTLP when an endpoint is configured."""
+    return setup_otlp_tracing("sluicegate-gateway")
 
 
 _TRACER = trace.get_tracer("sluicegate.gateway")

@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engine.protocol import Usage
+from engine.tracing import tracing_enabled
 from gateway.auth import ApiKeyRecord, provide_api_key
 from gateway.errors import (
     ContextLengthExceeded,
@@ -72,7 +73,6 @@ from gateway.telemetry import (
     model_metrics,
     start_server_span,
     tracer,
-    tracing_enabled,
 )
 from gateway.usage import UsageEvent, UsageRecorder
 
