@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Controller, Request, delete, get, patch, post
-from litestar.params import Parameter
+from litestar.params import FromPath, FromQuery, JSONBody, Parameter
 from msgspec import UNSET, Meta, UnsetType
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -200,7 +200,9 @@ class AdminController(Controller):
     tags = ("admin",)
 
     @post("/keys", status_code=201)
-    async def create_key(self, request: Request[Any, Any, Any], data: KeyCreate) -> CreatedKey:
+    async def create_key(
+        self, request: Request[Any, Any, Any], data: JSONBody[KeyCreate]
+    ) -> CreatedKey:
         plaintext, key_hash, prefix = generate_key()
         async with _sessions(request)() as session, session.begin():
             row = await key_queries.create_key(
@@ -223,7 +225,7 @@ class AdminController(Controller):
     async def list_keys(
         self,
         request: Request[Any, Any, Any],
-        include_revoked: bool = True,
+        include_revoked: FromQuery[bool] = True,
         limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
         offset: Annotated[int, Parameter(ge=0)] = 0,
     ) -> KeyList:
@@ -234,7 +236,9 @@ class AdminController(Controller):
         return KeyList(data=[KeyView.of(row) for row in rows])
 
     @get("/keys/{key_id:uuid}")
-    async def get_key(self, request: Request[Any, Any, Any], key_id: uuid.UUID) -> KeyView:
+    async def get_key(
+        self, request: Request[Any, Any, Any], key_id: FromPath[uuid.UUID]
+    ) -> KeyView:
         async with _sessions(request)() as session:
             row = await key_queries.get_key(session, key_id)
         if row is None:
@@ -243,7 +247,10 @@ class AdminController(Controller):
 
     @patch("/keys/{key_id:uuid}")
     async def update_key(
-        self, request: Request[Any, Any, Any], key_id: uuid.UUID, data: KeyUpdate
+        self,
+        request: Request[Any, Any, Any],
+        key_id: FromPath[uuid.UUID],
+        data: JSONBody[KeyUpdate],
     ) -> KeyView:
         async with _sessions(request)() as session, session.begin():
             row = await key_queries.update_key(session, key_id, data.changes())
@@ -253,7 +260,9 @@ class AdminController(Controller):
         return KeyView.of(row)
 
     @delete("/keys/{key_id:uuid}", status_code=200)
-    async def revoke_key(self, request: Request[Any, Any, Any], key_id: uuid.UUID) -> KeyView:
+    async def revoke_key(
+        self, request: Request[Any, Any, Any], key_id: FromPath[uuid.UUID]
+    ) -> KeyView:
         async with _sessions(request)() as session, session.begin():
             row = await key_queries.revoke_key(session, key_id)
         if row is None:
@@ -265,11 +274,11 @@ class AdminController(Controller):
     async def usage(
         self,
         request: Request[Any, Any, Any],
-        key_id: uuid.UUID | None = None,
-        model: str | None = None,
-        since: dt.date | None = None,
-        until: dt.date | None = None,
-        group_by: GroupBy | None = None,
+        key_id: FromQuery[uuid.UUID | None] = None,
+        model: FromQuery[str | None] = None,
+        since: FromQuery[dt.date | None] = None,
+        until: FromQuery[dt.date | None] = None,
+        group_by: FromQuery[GroupBy | None] = None,
     ) -> UsageReport:
         """Totals over UTC days ``since..until`` (inclusive) from the daily rollups."""
         async with _sessions(request)() as session:
@@ -282,11 +291,11 @@ class AdminController(Controller):
     async def key_usage(
         self,
         request: Request[Any, Any, Any],
-        key_id: uuid.UUID,
-        model: str | None = None,
-        since: dt.date | None = None,
-        until: dt.date | None = None,
-        group_by: GroupBy | None = None,
+        key_id: FromPath[uuid.UUID],
+        model: FromQuery[str | None] = None,
+        since: FromQuery[dt.date | None] = None,
+        until: FromQuery[dt.date | None] = None,
+        group_by: FromQuery[GroupBy | None] = None,
     ) -> KeyUsageReport:
         async with _sessions(request)() as session:
             row = await key_queries.get_key(session, key_id)

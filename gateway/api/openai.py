@@ -24,6 +24,7 @@ from litestar import Controller, Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
+from litestar.params import JSONBody
 from litestar.response import Stream
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
@@ -558,13 +559,13 @@ class OpenAIController(Controller):
 
     @post("/chat/completions", status_code=200, summary="Create a chat completion")
     async def chat_completions(
-        self, request: Request[Any, Any, Any], data: ChatCompletionRequest
+        self, request: Request[Any, Any, Any], data: JSONBody[ChatCompletionRequest]
     ) -> Response[Any]:
         return await _serve(request, data, chat=True)
 
     @post("/completions", status_code=200, summary="Create a text completion")
     async def completions(
-        self, request: Request[Any, Any, Any], data: CompletionRequest
+        self, request: Request[Any, Any, Any], data: JSONBody[CompletionRequest]
     ) -> Response[Any]:
         return await _serve(request, data, chat=False)
 
