@@ -112,7 +112,6 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     traceparent: str | None = None
     reply_to: str = ""
     """Stream the deltas go to; defaults to ``reply_stream(request_id)``."""
-    prefix_hashes: list[int] | None = None
     v: int = PROTOCOL_VERSION
 
     def reply_key(self) -> str:
@@ -187,8 +186,6 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     tokens_per_s: float = 0.0
     max_model_len: int = 0
     block_size: int = 16
-    cached_prefix_hashes: list[int] = msgspec.field(default_factory=list)
-    """A bounded sample of block hashes this worker holds, for prefix-aware routing."""
     draining: bool = False
     """Shutting down: finishing what it holds, pulling nothing new."""
     v: int = PROTOCOL_VERSION
