@@ -32,7 +32,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import httpx  # noqa: E402
 
 from engine.demo_model import create_demo_model  # noqa: E402
+from gateway.db.scratch import scratch_database  # noqa: E402
 from gateway.up import Stack, free_port  # noqa: E402
 
 _CONTENT = re.compile(rb'"content":"[^"]')
@@ -214,35 +214,6 @@ async def run_transport(
 # ---- services ------------------------------------------------------------------------------------
 
 
-async def _admin_sql(admin_url: str, statement: str) -> None:
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(statement))
-    finally:
-        await engine.dispose()
-
-
-@contextlib.contextmanager
-def database(admin_url: str) -> Iterator[str]:
-    """A migrated database of the bench's own, dropped afterwards."""
-    from sqlalchemy.engine import make_url
-
-    from gateway.db.migrate import upgrade
-
-    name = f"sg_bench_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin_sql(admin_url, f'CREATE DATABASE "{name}"'))
-    try:
-        url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        upgrade(url)
-        yield url
-    finally:
-        asyncio.run(_admin_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
 def wait_ok(url: str, what: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -296,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     model_name = f"bench-e2e-{uuid.uuid4().hex[:6]}"
     master_key = "sk-admin-bench-" + uuid.uuid4().hex
 
-    with tempfile.TemporaryDirectory() as tmp, database(args.database_url) as database_url:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        scratch_database(args.database_url, prefix="sg_bench") as database_url,
+    ):
         model_dir = create_demo_model(
             Path(tmp) / "model",
             hidden_size=512,

@@ -40,6 +40,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from gateway.db.scratch import scratch_database
+
 MODEL = "bench"
 REQUEST_BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
@@ -270,34 +272,6 @@ async def _create_key(database_url: str) -> str:
     return plaintext
 
 
-async def _admin_sql(url: str, statement: str) -> None:
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(statement))
-    finally:
-        await engine.dispose()
-
-
-@contextlib.contextmanager
-def bench_database(admin_url: str) -> Iterator[str]:
-    from sqlalchemy.engine import make_url
-
-    from gateway.db.migrate import upgrade
-
-    name = f"sg_bench_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin_sql(admin_url, f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        asyncio.run(_admin_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
 @contextlib.contextmanager
 def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     proc = subprocess.Popen(args, env=env, start_new_session=True)
@@ -363,7 +337,7 @@ def main() -> int:
         )
     )
     usage_stream = f"sg:usage:bench:{uuid.uuid4().hex[:8]}"
-    with bench_database(admin_url) as database_url:
+    with scratch_database(admin_url, prefix="sg_bench") as database_url:
         api_key = asyncio.run(_create_key(database_url))
         env = {
             **os.environ,

@@ -8,7 +8,6 @@ Tests never FLUSHDB: several suites may share one Redis, so each test uses uniqu
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import uuid
@@ -68,34 +67,13 @@ def admin_database_url(_embedded: object) -> str:
     return "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
 
-async def _run_admin_sql(admin_url: str, statement: str) -> None:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            from sqlalchemy import text
-
-            await conn.execute(text(statement))
-    finally:
-        await engine.dispose()
-
-
-def _with_database(url: str, name: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).set(database=name).render_as_string(hide_password=False)
-
-
 @pytest.fixture
 def fresh_database_url(admin_database_url: str) -> Iterator[str]:
     """An empty database of its own, dropped afterwards (no schema: run migrations yourself)."""
-    name = f"sg_test_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_run_admin_sql(admin_database_url, f'CREATE DATABASE "{name}"'))
-    yield _with_database(admin_database_url, name)
-    asyncio.run(
-        _run_admin_sql(admin_database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    )
+    from gateway.db.scratch import scratch_database
+
+    with scratch_database(admin_database_url, prefix="sg_test", migrate=False) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

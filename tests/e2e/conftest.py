@@ -177,33 +177,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
     cluster.close()
 
 
-async def _admin_sql(admin_url: str, statement: str) -> None:
-    from sqlalchemy import text
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    engine = create_async_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(statement))
-    finally:
-        await engine.dispose()
-
-
 def new_database(admin_url: str) -> tuple[str, Callable[[], None]]:
     """A migrated database of its own and the function that drops it."""
-    from sqlalchemy.engine import make_url
+    from gateway.db.scratch import scratch_database
 
-    from gateway.db.migrate import upgrade
-
-    name = f"sg_e2e_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin_sql(admin_url, f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-
-    def drop() -> None:
-        asyncio.run(_admin_sql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-    return url, drop
+    stack = contextlib.ExitStack()
+    url = stack.enter_context(scratch_database(admin_url, prefix="sg_e2e"))
+    return url, stack.close
 
 
 @pytest.fixture(scope="session")

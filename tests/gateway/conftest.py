@@ -7,46 +7,29 @@ own usage stream name, so suites can run side by side on one PostgreSQL and one 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.migrate import upgrade
+from gateway.db.scratch import execute_autocommit, scratch_database
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.settings import Settings
-
-
-async def _execute(database_url: str, *statements: str) -> None:
-    engine = create_async_engine(database_url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as connection:
-            for statement in statements:
-                await connection.execute(text(statement))
-    finally:
-        await engine.dispose()
 
 
 @pytest.fixture(scope="module")
 def gateway_database_url(admin_database_url: str) -> Iterator[str]:
     """One migrated database per test module: creating one costs about a second here."""
-    name = f"sg_gw_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_execute(admin_database_url, f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_database_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
-    asyncio.run(_execute(admin_database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(admin_database_url, prefix="sg_gw") as url:
+        yield url
 
 
 @pytest.fixture
 def migrated_database_url(gateway_database_url: str) -> str:
     """The module's migrated database, emptied for this test."""
     asyncio.run(
-        _execute(
+        execute_autocommit(
             gateway_database_url,
             "SET lock_timeout = '10s'",
             "TRUNCATE api_keys, usage_records, usage_daily",

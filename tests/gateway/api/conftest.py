@@ -7,7 +7,6 @@ then ``echo``; ``dead`` = only a refused port; ``boom`` = only a 500-answering d
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,35 +18,19 @@ import msgspec
 import pytest
 import redis
 import yaml
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.app import create_app
-from gateway.db.migrate import upgrade
+from gateway.db.scratch import scratch_database
 from gateway.settings import Settings
 from gateway.usage import EVENT_FIELD, UsageEvent
 
 from .servers import ServerThread, Upstream, dead_port
 
 
-async def _admin_sql(url: str, statement: str) -> None:
-    engine = create_async_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        async with engine.connect() as conn:
-            await conn.execute(text(statement))
-    finally:
-        await engine.dispose()
-
-
 @pytest.fixture(scope="module")
 def api_database_url(admin_database_url: str) -> Iterator[str]:
-    name = f"sg_api_{uuid.uuid4().hex[:12]}"
-    asyncio.run(_admin_sql(admin_database_url, f'CREATE DATABASE "{name}"'))
-    url = make_url(admin_database_url).set(database=name).render_as_string(hide_password=False)
-    upgrade(url)
-    yield url
-    asyncio.run(_admin_sql(admin_database_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with scratch_database(admin_database_url, prefix="sg_api") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
