@@ -32,6 +32,7 @@ class _PendingRequest:
     prompt: str | None
     prompt_token_ids: list[int] | None
     messages: list[Any] | None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class EngineStopped(RuntimeError):
@@ -115,6 +116,7 @@ class AsyncEngine:
         prompt_token_ids: list[int] | None = None,
         messages: list[Any] | None = None,
         params: SamplingParams | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> AsyncIterator[RequestDelta]:
         """Submit a request (exactly one of prompt, prompt_token_ids, messages) and stream its
         deltas. A request the engine cannot take (``RequestRejected``, a ``ValueError``, e.g.
@@ -128,7 +130,12 @@ class AsyncEngine:
         self._streams[request_id] = queue
         self._pending.append(
             _PendingRequest(
-                request_id, params or SamplingParams(), prompt, prompt_token_ids, messages
+                request_id,
+                params or SamplingParams(),
+                prompt,
+                prompt_token_ids,
+                messages,
+                chat_template_kwargs,
             )
         )
         self._wake.set()
@@ -213,7 +220,12 @@ class AsyncEngine:
                 deltas.append(_abort_delta(request.request_id))
                 continue
             try:
-                ids = core.prompt_ids(request.prompt, request.prompt_token_ids, request.messages)
+                ids = core.prompt_ids(
+                    request.prompt,
+                    request.prompt_token_ids,
+                    request.messages,
+                    request.chat_template_kwargs,
+                )
                 core.add_request(request.request_id, ids, request.params)
             except ValueError as exc:
                 errors.append((request.request_id, exc))

@@ -149,6 +149,7 @@ class EngineCore:
         prompt: str | None = None,
         prompt_token_ids: list[int] | None = None,
         messages: list[Any] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         given = [x is not None for x in (prompt, prompt_token_ids, messages)]
         if sum(given) != 1:
@@ -156,7 +157,7 @@ class EngineCore:
         if prompt is not None:
             return self.tokenizer.encode(prompt)
         if messages is not None:
-            return self.tokenizer.apply_chat_template(messages)
+            return self.tokenizer.apply_chat_template(messages, **(chat_template_kwargs or {}))
         assert prompt_token_ids is not None
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
@@ -167,6 +168,9 @@ class EngineCore:
         self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
     ) -> Sequence:
         """Queue a request; raises ``RequestRejected`` if it can never run here."""
+        vocab = self.model.config.vocab_size
+        if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         seq = Sequence(request_id, prompt_token_ids, params, self.eos_token_ids)
         self.scheduler.add(seq)
         detokenizer = IncrementalDetokenizer(self.tokenizer, seq.token_ids, params.stop)

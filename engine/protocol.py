@@ -24,14 +24,16 @@ Redis Cluster keeps a model's streams on one slot):
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """2: a worker may pack the replies of one step for one reply stream into a ``Batch``; it does
 so only for requests whose ``v`` is at least 2, so version-1 gateways keep getting single
-messages."""
+messages.
+3: tools, structured output, logprobs, ``n`` choices and reasoning text; every new field has a
+default, so a version-2 request is a valid version-3 request."""
 BATCH_VERSION = 2
 
 REQUEST_GROUP = "workers"
@@ -90,12 +92,52 @@ class Sampling(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    """None: no logprobs; k in 0..20: the sampled token's logprob and the k most likely."""
+    logit_bias: dict[int, float] | None = None
+
+
+class ToolCall(msgspec.Struct, omit_defaults=True):
+    """A call made by an earlier assistant turn, rendered back through the chat template."""
+
+    id: str
+    name: str
+    arguments: str
+    """JSON text, as OpenAI sends it."""
 
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):
     role: str
     content: str | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class Tool(msgspec.Struct, omit_defaults=True):
+    """A function the model may call."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """JSON Schema of the arguments."""
+    strict: bool = False
+
+
+StructuredKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
+
+
+class Structured(msgspec.Struct, omit_defaults=True):
+    """Grammar-constrained output."""
+
+    kind: StructuredKind
+    json_schema: str | None = None
+    """JSON text of the schema (kind ``json_schema``)."""
+    regex: str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None
+    """EBNF (kind ``grammar``)."""
+    strict: bool = False
 
 
 class Request(msgspec.Struct, tag="request", omit_defaults=True):
@@ -112,6 +154,16 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     traceparent: str | None = None
     reply_to: str = ""
     """Stream the deltas go to; defaults to ``reply_stream(request_id)``."""
+    n: int = 1
+    tools: list[Tool] | None = None
+    tool_choice: str = "auto"
+    """One of ``"none"``, ``"auto"``, ``"required"``, ``"function"``."""
+    tool_choice_name: str | None = None
+    """The function to call when ``tool_choice`` is ``"function"``."""
+    parallel_tool_calls: bool = True
+    structured: Structured | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra chat-template variables, e.g. ``{"enable_thinking": False}``."""
     v: int = PROTOCOL_VERSION
 
     def reply_key(self) -> str:
@@ -127,7 +179,31 @@ class Usage(msgspec.Struct):
     cached_tokens: int = 0
 
 
-FinishReason = Literal["stop", "length", "abort"]
+class TopLogprob(msgspec.Struct, array_like=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(msgspec.Struct, array_like=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[TopLogprob]
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    """An OpenAI-style streamed tool-call fragment: the first of a call carries ``id`` and
+    ``name``, later ones pieces of the arguments JSON text."""
+
+    index: int
+    """Position of the call within its choice."""
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
@@ -143,6 +219,14 @@ class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     worker_id: str = ""
+    index: int = 0
+    """Choice index (``n`` > 1); each choice ends with its own ``finish_reason``, and ``usage``
+    on a final delta is cumulative for the whole request (prompt counted once)."""
+    reasoning_text: str = ""
+    """Thinking text, never mixed into ``text``."""
+    tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
+    logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
+    """One per token of this delta's content (and reasoning)."""
     v: int = PROTOCOL_VERSION
 
 

@@ -66,11 +66,13 @@ class Sampler:
             if any(p.logprobs is not None for p in params)
             else None
         )
-        if any(p.has_penalties for p in params):
+        if any(p.has_penalties or p.logit_bias for p in params):
             logits = logits.clone()
             for row, seq in enumerate(seqs):
                 if seq.params.has_penalties:
                     _apply_penalties(logits[row], seq)
+                if seq.params.logit_bias:
+                    _apply_logit_bias(logits[row], seq.params.logit_bias)
 
         greedy_tokens = logits.argmax(dim=-1)
         if all(p.greedy for p in params):
@@ -127,6 +129,11 @@ def _apply_penalties(logits: torch.Tensor, seq: SampledSequence) -> None:
         logits[seen] = torch.where(
             values > 0, values / p.repetition_penalty, values * p.repetition_penalty
         )
+
+
+def _apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> None:
+    ids = torch.tensor(list(bias), device=logits.device, dtype=torch.long)
+    logits.index_add_(0, ids, torch.tensor(list(bias.values()), device=logits.device))
 
 
 def _filter_top_k_top_p_min_p(

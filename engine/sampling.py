@@ -28,6 +28,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    """Added to the logits of those token ids before sampling (OpenAI: -100..100)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -52,6 +54,12 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {self.logprobs}")
+        if self.logprobs is not None and self.logprobs > 20:
+            raise ValueError(f"logprobs must be at most 20, got {self.logprobs}")
+        if self.logit_bias:
+            self.logit_bias = {int(t): float(b) for t, b in self.logit_bias.items()}
+            if any(not -100 <= b <= 100 for b in self.logit_bias.values()):
+                raise ValueError("logit_bias values must be in [-100, 100]")
 
     @property
     def greedy(self) -> bool:

@@ -28,12 +28,16 @@ class Tokenizer:
     def decode(self, token_ids: Iterable[int]) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=True)
 
-    def apply_chat_template(self, messages: list[Any]) -> list[int]:
-        """Messages are mappings or objects with ``role``/``content`` (e.g. protocol structs)."""
+    def apply_chat_template(self, messages: list[Any], **template_kwargs: Any) -> list[int]:
+        """Messages are mappings or objects with ``role``/``content`` (e.g. protocol structs);
+        ``template_kwargs`` become template variables (``tools``, ``enable_thinking``...)."""
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
         text = self.hf.apply_chat_template(
-            [_message_dict(m) for m in messages], add_generation_prompt=True, tokenize=False
+            [_message_dict(m) for m in messages],
+            add_generation_prompt=True,
+            tokenize=False,
+            **template_kwargs,
         )
         # The template already wrote any BOS it wants; adding special tokens would double it.
         return list(self.hf.encode(text, add_special_tokens=False))

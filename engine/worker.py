@@ -379,13 +379,15 @@ class Worker:
     async def _start_request(self, request: protocol.Request) -> AsyncIterator[Any]:
         from engine.sampling import SamplingParams
 
+        unsupported = _unsupported_field(request)
+        if unsupported is not None:
+            raise ValueError(f"{unsupported} is not supported by this engine worker yet")
         params = SamplingParams(**msgspec.structs.asdict(request.sampling))
         kwargs: dict[str, Any] = {"params": params}
+        if request.chat_template_kwargs:
+            kwargs["chat_template_kwargs"] = request.chat_template_kwargs
         if request.messages is not None:
-            kwargs["messages"] = [msgspec.structs.asdict(m) for m in request.messages]
-            kwargs["messages"] = [
-                {k: v for k, v in m.items() if v is not None} for m in kwargs["messages"]
-            ]
+            kwargs["messages"] = msgspec.to_builtins(request.messages)
         elif request.prompt_token_ids is not None:
             kwargs["prompt_token_ids"] = request.prompt_token_ids
         elif request.prompt is not None:
@@ -646,6 +648,24 @@ class _Backoff:
             logger.warning("%s: redis unavailable (%s); retrying with backoff", what, exc)
         self.delay = min(2.0, max(0.05, self.delay * 2))
         await asyncio.sleep(self.delay)
+
+
+def _unsupported_field(request: protocol.Request) -> str | None:
+    """The first protocol-v3 field this worker cannot honour yet (never dropped silently)."""
+    if request.n != 1:
+        return "n"
+    if request.tools:
+        return "tools"
+    if request.tool_choice not in ("auto", "none"):
+        return "tool_choice"
+    if request.structured is not None:
+        return "response_format"
+    if request.sampling.logprobs is not None:
+        return "logprobs"
+    for index, message in enumerate(request.messages or []):
+        if message.tool_calls or message.tool_call_id:
+            return f"messages[{index}].tool_calls"
+    return None
 
 
 def _batchable(item: _InFlight) -> bool:
