@@ -1,0 +1,57 @@
+# Sourced by scripts/up and scripts/test: choose the Python that runs Sluicegate and make sure
+# the project is installed into it.
+#
+# Inside a virtualenv (an activated one, or $PYTHON pointing into one) that environment is used
+# as it is. Anywhere else the project gets its own virtualenv, .venv, created by $PYTHON
+# (default python3): a system Python that forbids installs (PEP 668, "externally managed", as on
+# Debian and Ubuntu) is only ever used to create it. Sets PY and puts its bin/ first on PATH.
+
+_say() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+
+_in_virtualenv() {
+    "$1" -c 'import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 1)' 2>/dev/null
+}
+
+# _install PY EXTRAS: torch first, pinned to the CPU build, so the resolver never pulls a
+# multi-GB CUDA wheel; the <=2.14.1 cap in pyproject keeps later resolves on it.
+_install() {
+    "$1" -m pip install -q "torch==2.13.0"
+    "$1" -m pip install -q -e ".[$2]"
+}
+
+# use_project_python EXTRAS
+use_project_python() {
+    local extras=$1 base=${PYTHON:-python3} venv=.venv
+    if ! command -v "$base" >/dev/null 2>&1; then
+        _say "no Python at '$base'; set PYTHON to a Python 3.11+ interpreter"
+        return 1
+    fi
+    if _in_virtualenv "$base"; then
+        PY=$(command -v "$base")
+        _say "using the virtualenv of $PY; installing sluicegate[$extras] into it"
+        _install "$PY" "$extras"
+        return 0
+    fi
+    if [[ ! -x "$venv/bin/python" ]]; then
+        _say "creating the project virtualenv $venv with $("$base" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+        if ! "$base" -m venv "$venv"; then
+            rm -rf "$venv"
+            _say "'$base -m venv' failed; on Debian or Ubuntu: apt-get install python3-venv"
+            return 1
+        fi
+    fi
+    PY=$PWD/$venv/bin/python
+    export VIRTUAL_ENV=$PWD/$venv PATH=$PWD/$venv/bin:$PATH
+    # A stamp of what was installed skips pip entirely when nothing changed since.
+    local stamp=$venv/.sluicegate-installed want
+    want="$extras $(sha256sum pyproject.toml | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        _say "using $venv (sluicegate[$extras] installed, pyproject.toml unchanged)"
+        return 0
+    fi
+    _say "installing torch (CPU) and sluicegate[$extras] into $venv; the first time takes a few minutes"
+    local started=$SECONDS
+    _install "$PY" "$extras"
+    echo "$want" >"$stamp"
+    _say "installed in $((SECONDS - started)) s"
+}
