@@ -42,16 +42,25 @@ use_project_python() {
     fi
     PY=$PWD/$venv/bin/python
     export VIRTUAL_ENV=$PWD/$venv PATH=$PWD/$venv/bin:$PATH
-    # A stamp of what was installed skips pip entirely when nothing changed since.
-    local stamp=$venv/.sluicegate-installed want
-    want="$extras $(sha256sum pyproject.toml | cut -d' ' -f1)"
-    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-        _say "using $venv (sluicegate[$extras] installed, pyproject.toml unchanged)"
+    # A stamp of what was installed skips pip entirely when nothing changed since: the same
+    # pyproject.toml, and every extra asked for among those installed.
+    local stamp=$venv/.sluicegate-installed digest installed="" extra missing=""
+    digest=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [[ -f "$stamp" && "$(head -n1 "$stamp")" == "$digest" ]]; then
+        installed=$(sed -n 2p "$stamp")
+    fi
+    for extra in ${extras//,/ }; do
+        [[ ",$installed," == *",$extra,"* ]] || missing+=",$extra"
+    done
+    if [[ -z "$missing" ]]; then
+        _say "using $venv (sluicegate[$installed] installed, pyproject.toml unchanged)"
         return 0
     fi
+    extras=$installed$missing
+    extras=${extras#,}
     _say "installing torch (CPU) and sluicegate[$extras] into $venv; the first time takes a few minutes"
     local started=$SECONDS
     _install "$PY" "$extras"
-    echo "$want" >"$stamp"
+    printf '%s\n%s\n' "$digest" "$extras" >"$stamp"
     _say "installed in $((SECONDS - started)) s"
 }
