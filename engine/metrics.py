@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -23,6 +24,9 @@ from prometheus_client import (
 )
 
 logger = logging.getLogger(__name__)
+
+PORT_SEARCH_SPAN = 100
+"""How many ports after a taken ``--metrics-port`` are tried before giving up."""
 
 _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
@@ -123,10 +127,32 @@ class HealthServer:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        """Listens on ``port``, or on the next free one when it is taken (a second worker on
+        the same host), logging the one it got; ``port`` 0 picks any free port."""
+        wanted = self.port
+        for port in range(wanted, wanted + PORT_SEARCH_SPAN) if wanted else [0]:
+            try:
+                self._server = await asyncio.start_server(self._handle, self.host, port)
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+        else:
+            raise OSError(
+                errno.EADDRINUSE,
+                f"metrics ports {wanted}-{wanted + PORT_SEARCH_SPAN - 1} are all taken; "
+                "choose one with --metrics-port (0 picks any free port)",
+            )
         sockets = self._server.sockets or []
         if sockets:
             self.port = sockets[0].getsockname()[1]
+        if wanted and self.port != wanted:
+            logger.warning(
+                "metrics port %d is taken; serving /metrics and health on %d instead "
+                "(choose one with --metrics-port)",
+                wanted,
+                self.port,
+            )
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -218,10 +218,15 @@ class Router:
 
     # ---- lookup ------------------------------------------------------------------------------
 
-    async def _refresh(self) -> None:
+    async def load(self) -> None:
+        """Loads the routing table now (discovery mode reads the workers' registry), raising
+        when it cannot be read: the readiness probe's routing check."""
+        await self._refresh(force=True)
+
+    async def _refresh(self, force: bool = False) -> None:
         """Discovery mode: one route per model that has a worker heartbeat."""
         now = time.monotonic()
-        if not self.discovering or now - self._refreshed_at < DISCOVERY_REFRESH_S:
+        if not self.discovering or (not force and now - self._refreshed_at < DISCOVERY_REFRESH_S):
             return
         self._refreshed_at = now
         models: set[str] = set()

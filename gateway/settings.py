@@ -9,6 +9,23 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+_LIBPQ_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2"}
+
+
+def asyncpg_database_url(url: str) -> str:
+    """The URL with the asyncpg driver: ``postgresql://`` and ``postgres://`` (what every
+    PostgreSQL tool prints) name no driver, and SQLAlchemy would pick psycopg, which the gateway
+    does not ship. libpq's ``sslmode`` becomes asyncpg's ``ssl``."""
+    parts = urlsplit(url)
+    if parts.scheme not in _LIBPQ_SCHEMES:
+        return url
+    query = parts.query
+    if "sslmode=" in query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([("ssl" if k == "sslmode" else k, v) for k, v in pairs])
+    return urlunsplit(parts._replace(scheme="postgresql+asyncpg", query=query))
 
 
 def _env_value(name: str, default: Any) -> Any:
@@ -50,6 +67,9 @@ class Settings:
     otel_capture_content: bool = False
     """Put prompts and completions into spans; off unless explicitly enabled."""
     instance_id: str = field(default_factory=lambda: os.urandom(4).hex())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "database_url", asyncpg_database_url(self.database_url))
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:

@@ -1,4 +1,10 @@
-"""Liveness and readiness probes: ready means PostgreSQL and Redis both answer."""
+"""Liveness and readiness probes.
+
+Ready means this replica can serve: Redis answers (admission, engine streams and the key cache's
+invalidations all go through it) and the routing table is loaded. PostgreSQL is reported but
+does not gate readiness: cached keys keep working and usage is written behind through an
+outage, so a short database blip must not empty the Service of every replica at once.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from sqlalchemy import text
 from gateway.errors import error_body
 
 PROBE_TIMEOUT_S = 2.0
+GATING_CHECKS = ("redis", "routing")
 
 
 async def _probe(check: Awaitable[Any]) -> str:
@@ -37,12 +44,15 @@ class HealthController(Controller):
 
     @get("/ready")
     async def ready(self, request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-        database, redis = await asyncio.gather(
-            _probe(_database_answers(request)), _probe(request.app.state.redis.ping())
+        state = request.app.state
+        redis, routing, database = await asyncio.gather(
+            _probe(state.redis.ping()),
+            _probe(state.router.load()),
+            _probe(_database_answers(request)),
         )
-        checks = {"database": database, "redis": redis}
-        if database == "ok" and redis == "ok":
+        checks = {"redis": redis, "routing": routing, "database": database}
+        failing = [name for name in GATING_CHECKS if checks[name] != "ok"]
+        if not failing:
             return Response({"status": "ok", "checks": checks})
-        failing = ", ".join(name for name, state in checks.items() if state != "ok")
-        body = error_body(f"Not ready: {failing} unreachable.", "service_unavailable")
+        body = error_body(f"Not ready: {', '.join(failing)} not ok.", "service_unavailable")
         return Response({**body, "status": "unavailable", "checks": checks}, status_code=503)

@@ -16,7 +16,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from gateway.settings import Settings
+from gateway.settings import Settings, asyncpg_database_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -29,7 +29,8 @@ def alembic_config(database_url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     # ConfigParser interpolation would read a '%' in a password as a placeholder.
-    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    url = asyncpg_database_url(database_url)
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 
 

@@ -16,11 +16,12 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.db.migrate import upgrade
+from gateway.settings import asyncpg_database_url
 
 
 async def execute_autocommit(database_url: str, *statements: str) -> None:
     """Run statements outside a transaction (CREATE/DROP DATABASE refuse to run inside one)."""
-    engine = create_async_engine(database_url, isolation_level="AUTOCOMMIT")
+    engine = create_async_engine(asyncpg_database_url(database_url), isolation_level="AUTOCOMMIT")
     try:
         async with engine.connect() as connection:
             for statement in statements:

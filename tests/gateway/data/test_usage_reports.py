@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import itertools
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -194,7 +195,7 @@ async def test_openapi_documents_every_admin_and_health_route(
         assert path in paths
 
 
-async def test_readiness_follows_the_database(
+async def test_readiness_reports_the_database_but_does_not_gate_on_it(
     gateway_settings: Settings, routing_yaml: Path, db_proxy: Any
 ) -> None:
     settings = dataclasses.replace(
@@ -204,14 +205,42 @@ async def test_readiness_follows_the_database(
         assert (await client.get("/health/live")).json() == {"status": "ok"}
         ready = await client.get("/health/ready")
         assert ready.status_code == 200, ready.text
-        assert ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+        assert ready.json()["checks"] == {"redis": "ok", "routing": "ok", "database": "ok"}
 
         await db_proxy.stop()
-        down = await client.get("/health/ready")
-        assert down.status_code == 503
-        assert down.json()["checks"]["database"].startswith("error")
-        assert down.json()["error"]["type"] == "service_unavailable"
-        assert (await client.get("/health/live")).status_code == 200
+        blip = await client.get("/health/ready")
+        assert blip.status_code == 200, blip.text
+        assert blip.json()["checks"]["database"].startswith("error")
+        assert blip.json()["checks"]["redis"] == "ok"
 
         await db_proxy.start()
-        assert (await client.get("/health/ready")).status_code == 200
+        assert (await client.get("/health/ready")).json()["checks"]["database"] == "ok"
+
+
+async def test_readiness_fails_without_redis(
+    gateway_settings: Settings, routing_yaml: Path
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    settings = dataclasses.replace(
+        gateway_settings, redis_url=f"redis://127.0.0.1:{dead_port}/0", config=str(routing_yaml)
+    )
+    async with AsyncTestClient(create_app(settings)) as client:
+        down = await client.get("/health/ready")
+        assert down.status_code == 503
+        body = down.json()
+        assert body["checks"]["redis"].startswith("error")
+        assert body["checks"]["database"] == "ok"
+        assert body["error"]["type"] == "service_unavailable"
+        assert "redis" in body["error"]["message"]
+        assert (await client.get("/health/live")).status_code == 200
+
+
+async def test_readiness_in_discovery_mode_reads_the_worker_registry(
+    gateway_settings: Settings,
+) -> None:
+    async with AsyncTestClient(create_app(gateway_settings)) as client:
+        ready = await client.get("/health/ready")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"]["routing"] == "ok"
