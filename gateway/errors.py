@@ -42,7 +42,29 @@ class OpenAIError(Exception):
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.error_type, self.param, self.code)
+        # 5xx messages carry what a backend said; they never show a client where it lives.
+        message = redact(self.message) if self.status_code >= 500 else self.message
+        return error_body(message, self.error_type, self.param, self.code)
+
+
+_URL = re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>()]+", re.IGNORECASE)
+_HOST_PORT = re.compile(
+    r"\(?'?\b(?:\d{1,3}(?:\.\d{1,3}){3}|localhost|[a-z0-9-]+(?:\.[a-z0-9-]+)+)'?"
+    r"(?:(?::|',\s*)\d{1,5})\)?",
+    re.IGNORECASE,
+)
+_SECRET = re.compile(
+    r"\b(?:sk-[\w*.-]{4,}|AIza[\w-]{20,})|\bBearer\s+\S+"
+    r"|\b(?:api[_-]?key|token|password|secret)=\S+",
+    re.IGNORECASE,
+)
+
+
+def redact(message: str) -> str:
+    """The message without URLs, host:port addresses or anything that looks like a key."""
+    message = _URL.sub("[address]", message)
+    message = _SECRET.sub("[redacted]", message)
+    return _HOST_PORT.sub("[address]", message)
 
 
 def error_body(

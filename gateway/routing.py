@@ -145,6 +145,7 @@ class Router:
         self._routes: dict[str, ModelRoute] = {}
         self._names: dict[str, ModelRoute] = {}
         self._refreshed_at = 0.0
+        self._pending_names: set[str] = set()
         for route in routes or []:
             self._add(route)
 
@@ -192,7 +193,7 @@ class Router:
                 raise ConfigError(f"openai deployment needs base_url: {spec!r}")
             api_key_env = spec.get("api_key_env")
             provider = OpenAIProvider(
-                name=spec.get("name") or f"openai:{model}@{base_url}",
+                name=spec.get("name") or self._unique_name(f"openai:{model}"),
                 base_url=base_url,
                 model=model,
                 client=self.client,
@@ -204,6 +205,18 @@ class Router:
         else:
             raise ConfigError(f"unknown provider kind {kind!r} (expected openai or engine)")
         return Deployment(provider=provider, kind=kind, model=model, weight=weight)
+
+    def _unique_name(self, base: str) -> str:
+        """A default deployment name: it labels metrics and shows in errors, so it names the
+        model, never the upstream's URL; a second deployment of one model gets ``#2``."""
+        taken = {d.name for route in self._routes.values() for d in route.deployments}
+        taken |= self._pending_names
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}#{n}"
+        self._pending_names.add(name)
+        return name
 
     def _engine_provider(self, model: str) -> Provider:
         # Imported here so the HTTP-only gateway works without the transport module loaded.

@@ -12,6 +12,8 @@ a 400 is the client's fault and is passed on, with ``context_length_exceeded`` r
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +24,8 @@ import msgspec
 from engine.protocol import Usage
 from gateway.providers.base import GenerationChunk, GenerationRequest, ProviderError
 from gateway.providers.http1 import Http1Pool, UpstreamConnectionError
+
+logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 
@@ -111,6 +115,17 @@ def _error_from_response(status: int, raw: bytes, deployment: str) -> ProviderEr
         code == "context_length_exceeded" or any(h in message.lower() for h in _CONTEXT_HINTS)
     ):
         return ProviderError(message, status_code=400, code="context_length_exceeded")
+    if status in {401, 403}:
+        # What an upstream says about our credentials (often the key, partly masked) is for
+        # the operator's log, not for the client.
+        logger.warning(
+            "deployment %s refused our credentials (%d): %s", deployment, status, message
+        )
+        return ProviderError(
+            f"deployment {deployment} refused the gateway's credentials ({status})",
+            retryable=True,
+            status_code=502,
+        )
     if status >= 500 or status in _RETRYABLE_STATUS:
         return ProviderError(
             f"deployment {deployment} answered {status}: {message}",
@@ -145,6 +160,7 @@ class OpenAIProvider:
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
         url = urlsplit(self._base_url)
+        self._read_timeout_s = read_timeout_s
         self._fast: Http1Pool | None = None
         if url.scheme == "http" and url.hostname:
             self._fast = Http1Pool(
@@ -172,12 +188,30 @@ class OpenAIProvider:
                     "/chat/completions" if request.messages is not None else "/completions"
                 )
                 return await self._fast.post(path, body, headers)
-            response = await self._client.post(self._url(request), content=body, headers=headers)
+            # The whole answer comes in one read: bounded by the request's deadline, not by
+            # the shared client's first-token timeout (a long generation is not a dead peer).
+            response = await self._client.post(
+                self._url(request),
+                content=body,
+                headers=headers,
+                timeout=httpx.Timeout(self._read_timeout(request), connect=CONNECT_TIMEOUT_S),
+            )
             return response.status_code, response.content
-        except (httpx.TransportError, UpstreamConnectionError, TimeoutError) as exc:
+        except (httpx.TimeoutException, TimeoutError) as exc:
+            logger.warning("deployment %s timed out: %r", self.name, exc)
             raise ProviderError(
-                f"deployment {self.name} unreachable: {exc!r}", retryable=True, status_code=502
+                f"deployment {self.name} timed out", retryable=True, status_code=502
             ) from exc
+        except (httpx.TransportError, UpstreamConnectionError) as exc:
+            logger.warning("deployment %s unreachable: %r", self.name, exc)
+            raise ProviderError(
+                f"deployment {self.name} unreachable", retryable=True, status_code=502
+            ) from exc
+
+    def _read_timeout(self, request: GenerationRequest) -> float:
+        if request.deadline:
+            return max(0.001, request.deadline - time.time())
+        return self._read_timeout_s
 
     async def complete(self, request: GenerationRequest) -> GenerationChunk:
         """The whole answer as one chunk (text, finish_reason, usage)."""
@@ -233,8 +267,9 @@ class OpenAIProvider:
                             started = True
                             yield GenerationChunk(text=text, num_tokens=1)
         except httpx.TransportError as exc:
+            logger.warning("deployment %s failed mid-stream: %r", self.name, exc)
             raise ProviderError(
-                f"deployment {self.name} failed: {exc!r}", retryable=not started, status_code=502
+                f"deployment {self.name} failed", retryable=not started, status_code=502
             ) from exc
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ProviderError(

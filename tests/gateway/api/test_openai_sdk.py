@@ -50,7 +50,7 @@ def test_sync_chat_completion_with_usage_headers_and_one_usage_event(
     (event,) = usage_events(raw.headers["x-request-id"])
     assert (event.model, event.status, event.finish_reason) == ("echo", "ok", "length")
     assert (event.prompt_tokens, event.completion_tokens) == (3, 3)
-    assert event.deployment and event.deployment.startswith("openai:echo@")
+    assert event.deployment and event.deployment == "openai:echo"
     assert event.latency_ms >= event.ttft_ms >= 0
 
 
