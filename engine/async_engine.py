@@ -33,6 +33,8 @@ class _PendingRequest:
     prompt_token_ids: list[int] | None
     messages: list[Any] | None
     chat_template_kwargs: dict[str, Any] | None = None
+    resume_token_ids: list[int] | None = None
+    resume_text_chars: int = 0
 
 
 class EngineStopped(RuntimeError):
@@ -117,6 +119,8 @@ class AsyncEngine:
         messages: list[Any] | None = None,
         params: SamplingParams | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        resume_token_ids: list[int] | None = None,
+        resume_text_chars: int = 0,
     ) -> AsyncIterator[RequestDelta]:
         """Submit a request (exactly one of prompt, prompt_token_ids, messages) and stream its
         deltas. A request the engine cannot take (``RequestRejected``, a ``ValueError``, e.g.
@@ -136,6 +140,8 @@ class AsyncEngine:
                 prompt_token_ids,
                 messages,
                 chat_template_kwargs,
+                resume_token_ids,
+                resume_text_chars,
             )
         )
         self._wake.set()
@@ -226,7 +232,13 @@ class AsyncEngine:
                     request.messages,
                     request.chat_template_kwargs,
                 )
-                core.add_request(request.request_id, ids, request.params)
+                core.add_request(
+                    request.request_id,
+                    ids,
+                    request.params,
+                    resume_token_ids=request.resume_token_ids,
+                    resume_text_chars=request.resume_text_chars,
+                )
             except ValueError as exc:
                 errors.append((request.request_id, exc))
         for request_id in aborts:

@@ -165,16 +165,34 @@ class EngineCore:
         return list(prompt_token_ids)
 
     def add_request(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        *,
+        resume_token_ids: list[int] | None = None,
+        resume_text_chars: int = 0,
     ) -> Sequence:
-        """Queue a request; raises ``RequestRejected`` if it can never run here."""
+        """Queue a request; raises ``RequestRejected`` if it can never run here.
+
+        A resumed request continues after ``resume_token_ids`` (outputs an earlier attempt
+        streamed, of which the client was shown the first ``resume_text_chars`` characters of
+        text): it goes on exactly as the uninterrupted request would, and its deltas carry only
+        what comes after."""
         vocab = self.model.config.vocab_size
         if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
-        seq = Sequence(request_id, prompt_token_ids, params, self.eos_token_ids)
+        resumed = list(resume_token_ids or [])
+        if any(not 0 <= t < vocab for t in resumed):
+            raise ValueError(f"resume token ids must be in [0, {vocab})")
+        seq = Sequence(
+            request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
+        )
         self.scheduler.add(seq)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.token_ids, params.stop)
-        self._requests[request_id] = _Request(seq, detokenizer)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, params.stop)
+        if resumed:
+            detokenizer.replay(resumed, resume_text_chars)
+        self._requests[request_id] = _Request(seq, detokenizer, delivered_tokens=len(resumed))
         return seq
 
     def abort(self, request_id: str) -> RequestDelta | None:

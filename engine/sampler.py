@@ -118,7 +118,9 @@ def _apply_penalties(logits: torch.Tensor, seq: SampledSequence) -> None:
     penalty on every token seen (prompt and output), as vLLM and transformers do."""
     p = seq.params
     vocab = logits.shape[0]
-    outputs = torch.tensor(seq.token_ids[seq.num_prompt_tokens :], device=logits.device)
+    outputs = torch.tensor(
+        seq.token_ids[seq.num_prompt_tokens :], device=logits.device, dtype=torch.long
+    )
     if p.presence_penalty or p.frequency_penalty:
         counts = torch.bincount(outputs, minlength=vocab)[:vocab].to(logits.dtype)
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)

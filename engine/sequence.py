@@ -38,12 +38,16 @@ class Sequence:
         params: StoppingParams,
         eos_token_ids: Iterable[int] = (),
         arrival_time: float | None = None,
+        output_token_ids: Iterable[int] = (),
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
         if not self.token_ids:
             raise ValueError(f"request {request_id!r} has an empty prompt")
         self.num_prompt_tokens = len(self.token_ids)
+        # Outputs an earlier attempt produced (a resumed request): computed like a preempted
+        # sequence's, and counted as outputs for max_tokens, penalties and seeded positions.
+        self.token_ids.extend(output_token_ids)
         self.params = params
         self.eos_token_ids: set[int] = set(eos_token_ids)
         self.stop_token_ids: set[int] = set(params.stop_token_ids or ())

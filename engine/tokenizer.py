@@ -105,6 +105,13 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._tokens)
         self._append_text(full_text[len(prefix_text) :])
 
+    def replay(self, token_ids: list[int], emitted_chars: int) -> None:
+        """Take outputs produced elsewhere, of whose text ``emitted_chars`` characters were
+        already delivered: later deltas continue exactly where that delivery stopped."""
+        for token in token_ids:
+            self.add_token(token)
+        self._emitted = min(emitted_chars, len(self.text))
+
     def _append_text(self, new_text: str) -> None:
         search_from = max(0, len(self.text) - self._max_stop_len + 1)
         self.text += new_text
