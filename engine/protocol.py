@@ -164,6 +164,13 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     structured: Structured | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra chat-template variables, e.g. ``{"enable_thinking": False}``."""
+    resume_token_ids: list[int] | None = None
+    """Output tokens an earlier attempt already streamed (its worker died): the worker goes on
+    after them exactly as the uninterrupted request would (same seeded draws, penalties and
+    stop checks). They count toward ``sampling.max_tokens`` and deltas carry only new tokens."""
+    resume_text_chars: int = 0
+    """How many characters of the resumed tokens' text the client was already shown; the
+    first new delta's text starts right after them."""
     v: int = PROTOCOL_VERSION
 
     def reply_key(self) -> str:

@@ -7,7 +7,8 @@ acknowledged when it finishes. Every second it publishes a heartbeat and re-clai
 in-flight entries (resetting their idle time), so entries idle for longer than a few seconds
 belong to a dead worker: any worker may take them over with XAUTOCLAIM. A taken-over request
 that had not streamed a token yet is served again from scratch; one that had ends with a
-``worker_lost`` error, since its client already holds part of an answer.
+``worker_lost`` error, upon which the gateway resubmits it with the tokens already streamed
+(``Request.resume_token_ids``) so its client's stream goes on.
 """
 
 from __future__ import annotations
@@ -394,6 +395,9 @@ class Worker:
             kwargs["prompt"] = request.prompt
         else:
             raise ValueError("request has no prompt, prompt_token_ids or messages")
+        if request.resume_token_ids:
+            kwargs["resume_token_ids"] = request.resume_token_ids
+            kwargs["resume_text_chars"] = request.resume_text_chars
         outputs = self.engine.add_request(request.request_id, **kwargs)
         if inspect.isawaitable(outputs):
             outputs = await outputs

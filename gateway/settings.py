@@ -64,6 +64,8 @@ class Settings:
     cooldown_failures: int = 3
     cooldown_s: float = 30.0
     worker_heartbeat_ttl_s: float = 5.0
+    resume_timeout_s: float = 30.0
+    """How long a stream whose engine worker died waits for another worker to take it over."""
     otel_capture_content: bool = False
     """Put prompts and completions into spans; off unless explicitly enabled."""
     instance_id: str = field(default_factory=lambda: os.urandom(4).hex())

@@ -35,6 +35,9 @@ _AFFINITY_TTL_S = 600
 _AFFINITY_SLACK = 4
 """How many more queued requests the prefix-holding worker may have than the least busy one."""
 _LIVENESS_CHECK_S = 1.0
+_MAX_RESUMES = 3
+"""Resumptions of one stream: a request that kills every worker it lands on must stop."""
+_LOST_MESSAGE = "The engine worker serving this request was lost."
 
 _ERRORS: dict[str, tuple[int, str]] = {
     "context_length_exceeded": (400, "context_length_exceeded"),
@@ -125,29 +128,70 @@ class EngineProvider:
         message = _wire_request(request, self.model, deadline, self._replies.stream)
         rendered = render_prompt(request.messages, request.prompt)
         hashes = prefix_hashes(rendered) if self.prefix_affinity and len(workers) > 1 else []
-        queue = self._replies.open(request.request_id)
         call = _Call(request.request_id, deadline)
         try:
             stream = await self._pick_stream(hashes, workers)
+            while True:
+                try:
+                    async for chunk in self._attempt(call, message, stream):
+                        if call.first_delta:
+                            call.first_delta = False
+                            self._on_served(call, hashes)
+                        yield chunk
+                    return
+                except _WorkerLost as lost:
+                    message = self._resumption(call, message, lost)
+                    stream = protocol.request_stream(self.model)
+        finally:
+            if call.counted_on:
+                self._outstanding[call.counted_on] -= 1
+
+    async def _attempt(
+        self, call: _Call, message: protocol.Request, stream: str
+    ) -> AsyncIterator[GenerationChunk]:
+        """One submission of the request (the first, or a resumption) and its relayed reply."""
+        queue = self._replies.open(message.request_id)
+        call.entry = None
+        try:
             try:
                 async with asyncio.timeout(_REDIS_TIMEOUT_S):
                     entry_id = await self._redis.xadd(
                         stream, {protocol.MESSAGE_FIELD: protocol.encode(message)}
                     )
             except (RedisError, OSError, TimeoutError) as exc:
+                if call.attempts:
+                    raise call.error(502, "worker_lost", _LOST_MESSAGE) from exc
                 raise _redis_down(exc) from exc
             call.entry = (stream, entry_id)
             async for chunk in self._relay(call, queue):
-                if call.first_delta:
-                    call.first_delta = False
-                    self._on_served(call, hashes)
                 yield chunk
         finally:
-            self._replies.close(request.request_id)
-            if call.counted_on:
-                self._outstanding[call.counted_on] -= 1
+            self._replies.close(message.request_id)
             if not call.finished and call.entry is not None:
-                self._spawn(self._cancel(request.request_id, call.entry))
+                self._spawn(self._cancel(message.request_id, call.entry))
+
+    def _resumption(
+        self, call: _Call, message: protocol.Request, lost: _WorkerLost
+    ) -> protocol.Request:
+        """The request again, as a new attempt that continues after what was delivered; or
+        the client's error when it cannot be resumed."""
+        if call.attempts >= _MAX_RESUMES or call.delivered >= message.sampling.max_tokens:
+            raise call.error(502, "worker_lost", str(lost))
+        call.attempts += 1
+        call.start_attempt()
+        logger.warning(
+            "resuming %s after %d tokens (attempt %d): %s",
+            call.request_id,
+            call.delivered,
+            call.attempts,
+            lost,
+        )
+        return msgspec.structs.replace(
+            message,
+            request_id=f"{call.request_id}.r{call.attempts}",
+            resume_token_ids=list(call.token_ids),
+            resume_text_chars=call.shown_chars,
+        )
 
     async def _workers_or_503(self) -> dict[str, protocol.Heartbeat]:
         try:
@@ -166,14 +210,23 @@ class EngineProvider:
     async def _relay(
         self, call: _Call, queue: asyncio.Queue[Any]
     ) -> AsyncIterator[GenerationChunk]:
-        first_token_by = time.monotonic() + self.settings.first_token_timeout_s
+        taken_by = time.monotonic() + (
+            self.settings.resume_timeout_s if call.attempts else self.settings.first_token_timeout_s
+        )
         quiet_since = time.monotonic()
         while True:
             now = time.monotonic()
             left = call.deadline - time.time()
             if left <= 0:
                 raise call.error(504, "timeout", "The request exceeded its deadline.")
-            if not call.shown and now > first_token_by:
+            if not call.attempt_shown and now > taken_by:
+                if call.attempts:
+                    raise call.error(
+                        502,
+                        "worker_lost",
+                        "The engine worker serving this request was lost and no other worker "
+                        f"took it over within {self.settings.resume_timeout_s:g}s.",
+                    )
                 raise call.error(504, "timeout", "No engine worker started the request in time.")
             if queue.empty():
                 # Arm a timer only when there is nothing to relay yet: while tokens flow, the
@@ -191,6 +244,8 @@ class EngineProvider:
             if item is TRANSPORT_DOWN:
                 raise call.error(503, "service_unavailable", "Lost the connection to Redis.")
             if isinstance(item, protocol.Error):
+                if item.code == "worker_lost" and call.shown:
+                    raise _WorkerLost(item.message)
                 status, code = _ERRORS.get(item.code, (502, "engine_error"))
                 raise call.error(status, code, item.message, retryable=item.code == "overloaded")
             if not isinstance(item, protocol.Delta):
@@ -210,8 +265,8 @@ class EngineProvider:
             workers = await self.live_workers()
         except (RedisError, OSError, TimeoutError) as exc:
             raise call.error(503, "service_unavailable", f"Redis is unavailable: {exc}") from exc
-        if call.shown and call.worker_id not in workers:
-            raise call.error(502, "worker_lost", "The engine worker serving this request was lost.")
+        if call.attempt_shown and call.worker_id not in workers:
+            raise _WorkerLost(_LOST_MESSAGE)
         if not call.shown and not workers:
             raise call.error(
                 503,
@@ -305,14 +360,30 @@ class _Call:
         self.unshown = 0
         self.shown = False
         self.finished = False
+        self.token_ids: list[int] = []
+        """Every token received, in order: what a resumption continues after."""
+        self.shown_chars = 0
+        self.attempts = 0
+        """Resumptions so far (each one a new engine request id)."""
+        self.attempt_shown = False
+        self._base = (0, 0)
+        """(delivered, unshown) when the current attempt began."""
+
+    def start_attempt(self) -> None:
+        self.worker_id = None
+        self.next_seq = 0
+        self.attempt_shown = False
+        self._base = (self.delivered, self.unshown)
 
     def accept(self, delta: protocol.Delta) -> GenerationChunk | None:
         if delta.worker_id != self.worker_id:
-            if self.shown:
+            if self.attempt_shown:
                 return None  # a second worker took over a request the first was still serving
-            # Nothing was shown yet, so another worker may take over from scratch.
+            # Nothing of this attempt was shown yet, so another worker may take it over.
             self.worker_id = delta.worker_id
-            self.next_seq = self.delivered = self.unshown = 0
+            self.next_seq = 0
+            self.delivered, self.unshown = self._base
+            del self.token_ids[self.delivered :]
         if delta.seq < self.next_seq:
             return None
         if delta.seq > self.next_seq:
@@ -321,6 +392,7 @@ class _Call:
         if delta.usage is not None:
             self.prompt_tokens = delta.usage.prompt_tokens
         self.delivered += len(delta.token_ids)
+        self.token_ids.extend(delta.token_ids)
         # A token whose text the detokenizer holds back (part of a UTF-8 character) travels
         # with the next chunk that has text, so counting chunks' tokens counts what was shown.
         self.unshown += len(delta.token_ids)
@@ -331,7 +403,8 @@ class _Call:
             usage = protocol.Usage(self.prompt_tokens, self.delivered, cached)
         elif not delta.text:
             return None
-        self.shown = True
+        self.shown = self.attempt_shown = True
+        self.shown_chars += len(delta.text)
         chunk = GenerationChunk(
             text=delta.text,
             finish_reason=delta.finish_reason,
@@ -351,6 +424,10 @@ class _Call:
             code=code,
             usage=protocol.Usage(self.prompt_tokens, self.delivered - self.unshown),
         )
+
+
+class _WorkerLost(Exception):
+    """The worker serving an attempt that had streamed text is gone: resume elsewhere."""
 
 
 def _wire_request(
