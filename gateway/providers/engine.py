@@ -175,7 +175,11 @@ class EngineProvider:
     ) -> protocol.Request:
         """The request again, as a new attempt that continues after what was delivered; or
         the client's error when it cannot be resumed."""
-        if call.attempts >= _MAX_RESUMES or call.delivered >= message.sampling.max_tokens:
+        if (
+            message.n > 1  # the choices' tokens interleave; one resume list cannot hold them
+            or call.attempts >= _MAX_RESUMES
+            or call.delivered >= message.sampling.max_tokens
+        ):
             raise call.error(502, "worker_lost", str(lost))
         call.attempts += 1
         call.start_attempt()
