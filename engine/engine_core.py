@@ -52,6 +52,9 @@ class EngineOptions:
     num_threads: int | None = None
     # CPU float32 only: run the linears through oneDNN (see engine.models.onednn).
     onednn_linears: bool = True
+    # "native" (our own Llama/Mistral/Qwen2/Qwen3 code), "transformers" (the checkpoint's
+    # transformers class on our paged attention), or "auto": native where there is one.
+    model_impl: str = "auto"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,7 @@ class EngineCore:
         if self.device.type == "cpu" and options.num_threads:
             torch.set_num_threads(options.num_threads)
         self.tokenizer = Tokenizer(model)
-        self.model = load_model(model, self.device, options.dtype)
+        self.model = load_model(model, self.device, options.dtype, options.model_impl)
         if options.onednn_linears and can_use_onednn(self.model):
             use_onednn_linears(self.model)
         config = self.model.config

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -12,6 +14,11 @@ from safetensors import safe_open
 from engine.models.config import ModelConfig, parse_dtype
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen3 import Qwen3ForCausalLM
+
+if TYPE_CHECKING:
+    from engine.models.transformers_backend import TransformersCausalLM
+
+logger = logging.getLogger(__name__)
 
 ARCHITECTURES: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -25,6 +32,9 @@ _BY_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
+
+
+MODEL_IMPLS = ("auto", "native", "transformers")
 
 
 class UnsupportedModelError(ValueError):
@@ -74,11 +84,51 @@ def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, shard.get_tensor(name)
 
 
+def has_native(raw_config: dict[str, Any]) -> bool:
+    architectures = raw_config.get("architectures") or []
+    architecture = architectures[0] if architectures else ""
+    return (architecture or _BY_MODEL_TYPE.get(raw_config.get("model_type", ""), "")) in (
+        ARCHITECTURES
+    )
+
+
+def choose_impl(raw_config: dict[str, Any], model_impl: str) -> str:
+    """``native`` or ``transformers`` for this config; ``auto`` prefers native."""
+    if model_impl not in MODEL_IMPLS:
+        raise ValueError(f"unknown model_impl {model_impl!r}; choose one of {MODEL_IMPLS}")
+    if model_impl != "auto":
+        return model_impl
+    return "native" if has_native(raw_config) else "transformers"
+
+
 def load_model(
-    path: str | Path, device: torch.device, dtype: str | torch.dtype = "auto"
-) -> LlamaForCausalLM:
+    path: str | Path,
+    device: torch.device,
+    dtype: str | torch.dtype = "auto",
+    model_impl: str = "auto",
+) -> LlamaForCausalLM | TransformersCausalLM:
     path = Path(path)
-    config = ModelConfig.from_folder(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found: expected a Hugging Face model folder")
+    raw = json.loads(config_file.read_text())
+    impl = choose_impl(raw, model_impl)
+    if model_impl == "auto":
+        logger.info("model_impl=auto chose the %s implementation for %s", impl, path.name)
+    if impl == "transformers":
+        from engine.models.transformers_backend import (
+            UnsupportedTransformersModelError,
+            load_transformers_model,
+            resolve_hf_dtype,
+        )
+
+        try:
+            return load_transformers_model(
+                path, device, resolve_hf_dtype(dtype, raw, device), iter_checkpoint(path)
+            )
+        except UnsupportedTransformersModelError as exc:
+            raise UnsupportedModelError(str(exc)) from None
+    config = ModelConfig.from_dict(raw)
     cls = model_class(config)
     config.dtype = resolve_dtype(dtype, config, device)
     # Built on the meta device: no time spent on random init of weights about to be replaced.

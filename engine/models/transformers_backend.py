@@ -1,0 +1,378 @@
+"""Any causal LM transformers can build, run with its attention swapped for our paged attention.
+
+The checkpoint's own transformers class does everything but attention (projections, rotary,
+norms, residual layout), so fused projections, partial rotary or parallel residuals need no
+code here. Attention goes through transformers' ``AttentionInterface``: the model's
+``_attn_implementation`` names our function, which writes each layer's K/V into the engine's
+block pool and reads it back with paged attention, with the step's slot mapping, block tables
+and sequence lengths taken from the forward context the runner sets up. transformers builds no
+mask for an implementation it has no mask function for, and no cache is passed, so the block
+pool is the only KV state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.attention import AttentionMetadata
+from engine.models.config import parse_dtype
+from engine.models.windowed_attention import windowed_paged_attention
+
+logger = logging.getLogger(__name__)
+
+ATTENTION_NAME = "sluicegate_paged"
+
+
+class UnsupportedTransformersModelError(ValueError):
+    """The checkpoint's transformers class cannot run on the block pool; the message says why."""
+
+
+@dataclass
+class TransformersModelConfig:
+    """What the engine reads from a model's config (the native ``ModelConfig``'s subset)."""
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    num_hidden_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    dtype: torch.dtype
+    eos_token_ids: list[int] = field(default_factory=list)
+    # Windows are applied per layer by the attention, so nothing caps the context length.
+    sliding_window: int | None = None
+
+
+class PagedKVLayer:
+    """One attention layer's views into the block pool (assigned by the model runner)."""
+
+    def __init__(self) -> None:
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+
+@dataclass
+class _ForwardContext:
+    meta: AttentionMetadata
+    layers: list[PagedKVLayer]
+    max_seq_len: int
+
+
+_context: _ForwardContext | None = None
+
+
+@contextlib.contextmanager
+def _forward_context(context: _ForwardContext) -> Iterator[None]:
+    global _context
+    previous, _context = _context, context
+    try:
+        yield
+    finally:
+        _context = previous
+
+
+def paged_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention signature: q/k/v are [1, heads, tokens, head_dim] (all of the
+    step's requests packed into one row); returns [1, tokens, heads, head_dim]."""
+    context = _context
+    if context is None:
+        raise RuntimeError(
+            f"{type(module).__name__} ran outside the engine's forward: the block pool is unset"
+        )
+    if not getattr(module, "is_causal", True):
+        raise UnsupportedTransformersModelError(
+            f"{type(module).__name__} is not causal; the block pool only serves causal attention"
+        )
+    layer = context.layers[module.layer_idx]
+    meta = context.meta
+    q = query[0].transpose(0, 1)
+    k = key[0].transpose(0, 1).contiguous()
+    v = value[0].transpose(0, 1).contiguous()
+    scale = scaling if scaling is not None else module.head_dim**-0.5
+    meta.backend.store_kv(k, v, layer.k_cache, layer.v_cache, meta.slot_mapping)
+    window_in_effect = sliding_window is not None and context.max_seq_len > sliding_window
+    if softcap or window_in_effect:
+        out = windowed_paged_attention(
+            q,
+            layer.k_cache,
+            layer.v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.cu_seqlens_q,
+            scale,
+            sliding_window=sliding_window if window_in_effect else None,
+            softcap=softcap or None,
+        )
+    else:
+        out = meta.backend.paged_attention(
+            q.contiguous(),
+            layer.k_cache,
+            layer.v_cache,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.cu_seqlens_q,
+            scale,
+        )
+    return out.unsqueeze(0), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
+
+
+@contextlib.contextmanager
+def _parameters_on_meta() -> Iterator[None]:
+    """Build a module with its parameters on the meta device but its buffers real.
+
+    Parameters are about to be replaced by the checkpoint's, so allocating and initialising
+    them would be wasted; buffers (rotary inverse frequencies and the like) are derived from
+    the config at construction and never stored in checkpoints, so they must be computed.
+    """
+    original = nn.Module.register_parameter
+
+    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None:
+            module._parameters[name] = nn.Parameter(
+                param.to("meta"), requires_grad=param.requires_grad
+            )
+
+    nn.Module.register_parameter = register  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+# Layer kinds a transformers config may list in ``layer_types`` that hold state the block pool
+# cannot give (recurrent / state-space / convolution state rather than per-token K/V).
+_ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention"}
+
+
+def check_supported(hf_config: Any, model_class: type) -> None:
+    """Raise ``UnsupportedTransformersModelError`` naming why this model cannot be served."""
+    name = model_class.__name__
+    if getattr(hf_config, "is_encoder_decoder", False):
+        raise UnsupportedTransformersModelError(
+            f"{name} is an encoder-decoder model; the engine serves decoder-only causal LMs"
+        )
+    layer_types = getattr(hf_config, "layer_types", None) or []
+    recurrent = sorted({t for t in layer_types if t not in _ATTENTION_LAYER_TYPES})
+    if recurrent:
+        raise UnsupportedTransformersModelError(
+            f"{name} has {', '.join(recurrent)} layers: their recurrent/state-space state does "
+            "not fit the paged KV block pool"
+        )
+    if getattr(hf_config, "cross_attention_layers", None) or getattr(
+        hf_config, "add_cross_attention", False
+    ):
+        raise UnsupportedTransformersModelError(
+            f"{name} uses cross-attention, whose keys come from another input rather than the "
+            "token sequence the block pool caches"
+        )
+    if not model_class._supports_attention_backend:
+        raise UnsupportedTransformersModelError(
+            f"{name} cannot take a custom attention function (its transformers class does not "
+            "dispatch attention through AttentionInterface)"
+        )
+
+
+class TransformersCausalLM(nn.Module):
+    """The engine's model interface (``forward``, ``compute_logits``, ``attention_layers``)
+    around a transformers ``*ForCausalLM`` whose attention is our paged attention."""
+
+    def __init__(self, hf_model: nn.Module, config: TransformersModelConfig) -> None:
+        super().__init__()
+        self.hf_model = hf_model
+        self.config = config
+        self._layers = [PagedKVLayer() for _ in range(config.num_hidden_layers)]
+        hf_config = hf_model.config
+        self._final_softcap = getattr(hf_config, "final_logit_softcapping", None)
+        self._logit_scale = getattr(hf_config, "logit_scale", None)  # Cohere multiplies
+        self._logits_scaling = getattr(hf_config, "logits_scaling", None)  # Granite divides
+
+    def attention_layers(self) -> list[PagedKVLayer]:
+        return self._layers
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        context = _ForwardContext(meta, self._layers, int(meta.seq_lens.max()))
+        with _forward_context(context):
+            out = self.hf_model.base_model(
+                input_ids=input_ids[None],
+                position_ids=positions[None],
+                use_cache=False,
+            )
+        return out.last_hidden_state[0]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.hf_model.get_output_embeddings()(hidden)
+        if self._final_softcap:
+            logits = torch.tanh(logits / self._final_softcap) * self._final_softcap
+        if self._logit_scale:
+            logits = logits * self._logit_scale
+        if self._logits_scaling:
+            logits = logits / self._logits_scaling
+        return logits
+
+
+def _kv_shape(hf_config: Any) -> tuple[int, int]:
+    """(KV heads, head dim) from the text config, the names transformers' classes use."""
+    text = hf_config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return kv_heads, head_dim
+
+
+def load_transformers_model(
+    path: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> TransformersCausalLM:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _register()
+    hf_config = AutoConfig.from_pretrained(path)
+    try:
+        model_class = AutoModelForCausalLM._model_mapping[type(hf_config)]
+    except KeyError:
+        raise UnsupportedTransformersModelError(
+            f"transformers has no causal-LM class for model type {hf_config.model_type!r}"
+        ) from None
+    check_supported(hf_config, model_class)
+    with _parameters_on_meta():
+        hf_model = AutoModelForCausalLM.from_config(
+            hf_config, dtype=dtype, attn_implementation=ATTENTION_NAME
+        )
+    buffers = {name: buffer.to(device) for name, buffer in hf_model.named_buffers()}
+    hf_model = hf_model.to_empty(device=device)
+    for name, buffer in buffers.items():
+        module_name, _, buffer_name = name.rpartition(".")
+        hf_model.get_submodule(module_name)._buffers[buffer_name] = buffer
+    _load_weights(hf_model, weights)
+    hf_model.eval()
+
+    text = hf_config.get_text_config()
+    indexed = [m for m in hf_model.modules() if getattr(m, "layer_idx", None) is not None]
+    if {m.layer_idx for m in indexed} != set(range(text.num_hidden_layers)):
+        raise UnsupportedTransformersModelError(
+            f"{model_class.__name__}: its attention modules do not carry a layer index for "
+            f"each of its {text.num_hidden_layers} layers, so they cannot be given a block pool"
+        )
+    kv_heads, head_dim = _kv_shape(hf_config)
+    windows = {getattr(m, "sliding_window", None) for m in indexed} - {None}
+    eos = getattr(hf_config, "eos_token_id", None)
+    config = TransformersModelConfig(
+        architecture=model_class.__name__,
+        model_type=hf_config.model_type,
+        vocab_size=text.vocab_size,
+        num_hidden_layers=text.num_hidden_layers,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=getattr(text, "max_position_embeddings", None) or 2048,
+        dtype=dtype,
+        eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+    )
+    logger.info(
+        "transformers backend: %s, %d layers, %d KV heads x %d, sliding windows %s",
+        model_class.__name__,
+        config.num_hidden_layers,
+        kv_heads,
+        head_dim,
+        sorted(windows) or "none",
+    )
+    return TransformersCausalLM(hf_model, config)
+
+
+def _load_weights(hf_model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy checkpoint tensors into the transformers model by name (after transformers' own
+    key renamings for the class, e.g. GPT-NeoX's ``embed_out`` -> ``lm_head``); every
+    parameter must be set (tied ones through their source) and every tensor have a place."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+    transforms = get_model_conversion_mapping(hf_model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    params = dict(hf_model.named_parameters(remove_duplicate=False))
+    buffers = dict(hf_model.named_buffers())
+    targets = {**buffers, **params}
+    prefix = getattr(hf_model, "base_model_prefix", None)
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in weights:
+            renamed, converter = rename_source_key(name, renamings, converters, prefix, targets)
+            if converter is not None:
+                raise UnsupportedTransformersModelError(
+                    f"checkpoint tensor {name!r} must be merged or split by a transformers "
+                    f"weight converter ({converter}) before {type(hf_model).__name__} can use "
+                    "it; the engine's loader copies tensors one to one"
+                )
+            target = targets.get(renamed)
+            if target is None:
+                if renamed.endswith("rotary_emb.inv_freq"):
+                    continue  # older checkpoints stored the derived buffer
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no place in {type(hf_model).__name__}"
+                )
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(target.shape)}"
+                )
+            target.copy_(tensor)
+            loaded.add(renamed)
+    tied = getattr(hf_model, "all_tied_weights_keys", None) or {}
+    for target_name, source_name in tied.items():
+        if target_name in loaded and source_name not in loaded:
+            # Only the tied copy was stored: it becomes the source that tying shares.
+            with torch.no_grad():
+                hf_model.get_parameter(source_name).copy_(hf_model.get_parameter(target_name))
+            loaded.add(source_name)
+    hf_model.tie_weights()
+    missing = [name for name in params if name not in loaded and name not in tied]
+    if missing:
+        raise ValueError(f"checkpoint lacks tensors for: {missing[:8]}")
+
+
+def resolve_hf_dtype(
+    requested: str | torch.dtype, raw_config: dict[str, Any], device: torch.device
+) -> torch.dtype:
+    """Same rule as the native loader: ``auto`` is the checkpoint's dtype, float16 on CPU
+    runs as float32."""
+    if isinstance(requested, torch.dtype):
+        return requested
+    if requested != "auto":
+        return parse_dtype(requested)
+    text = raw_config.get("text_config") or raw_config
+    name = (
+        text.get("torch_dtype") or text.get("dtype") or raw_config.get("torch_dtype") or "float32"
+    )
+    dtype = parse_dtype(name)
+    if device.type == "cpu" and dtype == torch.float16:
+        return torch.float32
+    return dtype
