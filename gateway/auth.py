@@ -7,6 +7,11 @@ database round trip), and every replica drops a key within milliseconds of a
 Entries also expire after ``key_cache_ttl_s`` as a backstop for a missed message, and the whole
 cache is dropped whenever the subscription is lost, since messages may have been missed then.
 While PostgreSQL is down, cached keys keep working; keys not cached get a 503.
+
+Wrong keys cost the database as little as possible: a token not shaped like a key is refused
+without a query, a key the database did not know is remembered as unknown, and each client
+address may cause only ``invalid_key_lookups_per_min`` such misses before its uncached keys are
+answered 429 without a query (per replica) until the minute is over.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import datetime as dt
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db import keys as key_queries
 from gateway.db.models import ApiKey
-from gateway.errors import AuthenticationFailed, ServiceUnavailable
+from gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -42,6 +49,9 @@ INVALIDATION_CHANNEL = "sg:keys:invalidate"
 STALE_RETRY_S = 1.0
 """How long a cached key is served as-is after its refresh failed, before trying again."""
 UNKNOWN_KEYS_CACHED = 10_000
+THROTTLE_WINDOW_S = 60.0
+KEY_SHAPE = re.compile(r"sk-[A-Za-z0-9_-]{43}")
+"""What ``generate_key`` makes; anything else cannot be a key and is refused unasked."""
 INVALIDATE_ALL = "*"
 """Payload that drops every cached key (e.g. after a bulk change)."""
 
@@ -110,6 +120,37 @@ async def publish_invalidation(redis: Redis, key_id: str) -> None:
     await redis.publish(INVALIDATION_CHANNEL, key_id)
 
 
+class InvalidKeyThrottle:
+    """Per client address: how many lookups of unknown keys reached the database this window.
+
+    A fixed window per address, in a bounded LRU map, so a flood of addresses cannot grow it.
+    """
+
+    def __init__(self, limit: int, window_s: float = THROTTLE_WINDOW_S) -> None:
+        self._limit = limit
+        self._window_s = window_s
+        self._misses: OrderedDict[str, tuple[float, int]] = OrderedDict()
+
+    def retry_after(self, address: str) -> float | None:
+        """Seconds until ``address`` may cause another database lookup; None when it may now."""
+        if self._limit <= 0:
+            return None
+        started, count = self._misses.get(address, (0.0, 0))
+        left = started + self._window_s - time.monotonic()
+        if left <= 0 or count < self._limit:
+            return None
+        return left
+
+    def record_miss(self, address: str) -> None:
+        now = time.monotonic()
+        started, count = self._misses.pop(address, (now, 0))
+        if now - started >= self._window_s:
+            started, count = now, 0
+        self._misses[address] = (started, count + 1)
+        if len(self._misses) > UNKNOWN_KEYS_CACHED:
+            self._misses.popitem(last=False)
+
+
 class KeyCache:
     """In-process cache of key hash -> ApiKeyRecord, kept honest over Redis pub/sub."""
 
@@ -130,6 +171,7 @@ class KeyCache:
         self._unknown: dict[str, float] = {}
         """Hashes the database did not know -> monotonic time until which that is trusted."""
         self._loading: dict[str, asyncio.Future[_Entry | None]] = {}
+        self._throttle = InvalidKeyThrottle(settings.invalid_key_lookups_per_min)
         self._epoch = 0
         """Bumped on every invalidation, so a load that raced one is not cached."""
         self._subscribed = False
@@ -154,15 +196,16 @@ class KeyCache:
             self._task = None
         self.invalidate_all()
 
-    async def lookup(self, plaintext: str) -> ApiKeyRecord:
-        if not plaintext.startswith(KEY_PREFIX):
+    async def lookup(self, plaintext: str, client: str = "") -> ApiKeyRecord:
+        """The key's record; ``client`` (the caller's address) is throttled on unknown keys."""
+        if not KEY_SHAPE.fullmatch(plaintext):
             raise AuthenticationFailed("Incorrect API key provided.")
         digest = hash_key(plaintext)
         entry = self._entries.get(digest)
         if entry is None or time.monotonic() >= entry.fresh_until:
-            if entry is None and self._unknown.get(digest, 0.0) > time.monotonic():
-                raise AuthenticationFailed("Incorrect API key provided.")
-            entry = await self._refresh(digest, entry)
+            if entry is None:
+                self._refuse_unasked(digest, client)
+            entry = await self._refresh(digest, entry, client)
         if entry.record.revoked:
             raise AuthenticationFailed("This API key has been revoked.")
         if entry.expires_ts is not None and time.time() >= entry.expires_ts:
@@ -183,7 +226,20 @@ class KeyCache:
         self._entries.clear()
         self._hash_by_id.clear()
 
-    async def _refresh(self, digest: str, stale: _Entry | None) -> _Entry:
+    def _refuse_unasked(self, digest: str, client: str) -> None:
+        """Raises, without a database query, for a known-unknown key or a throttled client."""
+        if self._unknown.get(digest, 0.0) > time.monotonic():
+            raise AuthenticationFailed("Incorrect API key provided.")
+        retry_after = self._throttle.retry_after(client)
+        if retry_after is not None:
+            raise RateLimited(
+                "Too many requests with invalid API keys from this address; try again later.",
+                limit="requests",
+                retry_after_s=retry_after,
+                code="invalid_api_key_rate_limited",
+            )
+
+    async def _refresh(self, digest: str, stale: _Entry | None, client: str = "") -> _Entry:
         try:
             entry = await self._load(digest)
         except Exception as exc:
@@ -196,6 +252,7 @@ class KeyCache:
             raise ServiceUnavailable("The API key cannot be verified right now.") from exc
         if entry is None:
             self._remember_unknown(digest)
+            self._throttle.record_miss(client)
             raise AuthenticationFailed("Incorrect API key provided.")
         return entry
 
@@ -281,7 +338,18 @@ async def provide_api_key(request: ASGIConnection[Any, Any, Any, Any]) -> ApiKey
             "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...'."
         )
     cache: KeyCache = request.app.state.key_cache
-    return await cache.lookup(token)
+    return await cache.lookup(token, client_address(request))
+
+
+def client_address(request: ASGIConnection[Any, Any, Any, Any]) -> str:
+    """The caller's address: the first of ``client_address_header`` when one is configured
+    (behind a proxy that sets it), else the peer's."""
+    settings: Settings = request.app.state.settings
+    if settings.client_address_header:
+        forwarded = request.headers.get(settings.client_address_header)
+        if forwarded:
+            return forwarded.split(",", 1)[0].strip()
+    return request.client.host if request.client else ""
 
 
 def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:

@@ -56,6 +56,12 @@ class Settings:
     default_max_tokens: int = 1024
     key_cache_ttl_s: float = 30.0
     """Upper bound on how long a cached key lives even if an invalidation is missed."""
+    invalid_key_lookups_per_min: int = 30
+    """Database lookups of unknown keys one client address may cause per minute (0 = no cap);
+    past it, its uncached keys get 429 without a query."""
+    client_address_header: str = ""
+    """Header holding the client's address (e.g. ``x-forwarded-for``) when a trusted proxy
+    sets it; empty = the TCP peer."""
     usage_stream: str = "sg:usage"
     usage_flush_interval_s: float = 0.5
     usage_flush_batch: int = 500

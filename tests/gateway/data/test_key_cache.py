@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.auth import KeyCache, generate_key, publish_invalidation
 from gateway.db import keys as key_queries
 from gateway.db.session import create_engine, create_sessionmaker
-from gateway.errors import AuthenticationFailed, ServiceUnavailable
+from gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 
 
@@ -195,3 +195,49 @@ async def test_cached_keys_survive_a_database_outage_and_revocations_still_apply
     finally:
         await cache.stop()
         await engine.dispose()
+
+
+async def test_malformed_tokens_are_refused_without_a_query(
+    key_cache: KeyCache, db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    well_formed = generate_key()[0]
+    with _counting_statements(db_sessionmaker) as statements:
+        for token in [
+            "sk-short",
+            well_formed + "x",
+            well_formed[:-1] + "!",
+            "pk-" + well_formed[3:],
+        ]:
+            with pytest.raises(AuthenticationFailed):
+                await key_cache.lookup(token, "10.0.0.1")
+    assert statements == []
+
+
+async def test_unknown_keys_are_throttled_per_client_address_before_any_query(
+    gateway_settings: Settings,
+    redis_client: Redis,
+    db_sessionmaker: async_sessionmaker[AsyncSession],
+) -> None:
+    settings = dataclasses.replace(gateway_settings, invalid_key_lookups_per_min=3)
+    cache = KeyCache(redis_client, db_sessionmaker, settings)
+    await cache.start()
+    good, _ = await _new_key(db_sessionmaker)
+    try:
+        with _counting_statements(db_sessionmaker) as statements:
+            for _ in range(3):
+                with pytest.raises(AuthenticationFailed):
+                    await cache.lookup(generate_key()[0], "10.0.0.1")
+            assert len(statements) == 3
+            for _ in range(20):
+                with pytest.raises(RateLimited) as limited:
+                    await cache.lookup(generate_key()[0], "10.0.0.1")
+            assert len(statements) == 3, "a throttled address reaches the database no more"
+            assert limited.value.status_code == 429
+            assert 1 <= int(limited.value.headers["retry-after"]) <= 60
+            with pytest.raises(AuthenticationFailed):
+                await cache.lookup(generate_key()[0], "10.0.0.2")
+            assert len(statements) == 4, "other addresses are not affected"
+            assert (await cache.lookup(good, "10.0.0.2")).name == "k"
+            assert (await cache.lookup(good, "10.0.0.1")).name == "k", "cached keys still work"
+    finally:
+        await cache.stop()
