@@ -11,7 +11,10 @@ serves a seeded workload of 64 requests whose prompt and output lengths are each
   count as output.
 
 The last line is one JSON object: engine_tok_s, hf_serial_tok_s, hf_static_tok_s,
-ratio_vs_serial, ratio_vs_static, peak_kv_utilization. All three runs use the same torch
+ratio_vs_serial, ratio_vs_static, peak_kv_utilization. ``--model-impl transformers`` runs the
+engine with the checkpoint's transformers class on our paged attention (issue 14) and, on the
+same workload in the same run, with the native Llama, adding native_tok_s and
+transformers_slowdown (native / transformers backend) to the JSON. All three runs use the same torch
 thread count (``--threads``, default every core). The model has 8 query heads over 2 KV heads
 (grouped-query attention in Llama 3's 4:1 ratio) and intermediate size 1408.
 """
@@ -82,9 +85,11 @@ def workload(num_requests: int, seed: int) -> list[tuple[list[int], int]]:
 
 
 def run_engine(
-    folder: Path, requests: list[tuple[list[int], int]], threads: int
+    folder: Path, requests: list[tuple[list[int], int]], threads: int, model_impl: str = "native"
 ) -> tuple[float, float]:
-    llm = LLM(str(folder), dtype="float32", device="cpu", num_threads=threads)
+    llm = LLM(
+        str(folder), dtype="float32", device="cpu", num_threads=threads, model_impl=model_impl
+    )
     warmup = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     llm.generate([p for p, _ in requests[:4]], warmup)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for _, n in requests]
@@ -146,6 +151,13 @@ def main() -> None:
     parser.add_argument("--static-batch", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true", help="engine only (quick profiling)")
     parser.add_argument(
+        "--model-impl",
+        choices=("native", "transformers"),
+        default="native",
+        help="transformers: the engine runs the transformers class on our paged attention, "
+        "and is compared with the native engine on the same workload",
+    )
+    parser.add_argument(
         "--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads, all runs"
     )
     args = parser.parse_args()
@@ -158,11 +170,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         build_model(folder, args.layers)
-        engine_tok_s, peak_kv = run_engine(folder, requests, args.threads)
+        engine_tok_s, peak_kv = run_engine(folder, requests, args.threads, args.model_impl)
         print(
-            f"engine:                     {engine_tok_s:8.1f} output tok/s (peak KV {peak_kv:.3f})"
+            f"engine ({args.model_impl}): {engine_tok_s:8.1f} output tok/s (peak KV {peak_kv:.3f})"
         )
+        native: dict[str, float] = {}
+        if args.model_impl == "transformers":
+            native_tok_s, _ = run_engine(folder, requests, args.threads, "native")
+            native = {
+                "native_tok_s": round(native_tok_s, 1),
+                "transformers_slowdown": round(native_tok_s / engine_tok_s, 2),
+            }
+            print(
+                f"engine (native): {native_tok_s:8.1f} output tok/s; the transformers backend "
+                f"is {native['transformers_slowdown']}x slower"
+            )
         if args.skip_hf:
+            print(
+                json.dumps(
+                    {
+                        "model_impl": args.model_impl,
+                        "engine_tok_s": round(engine_tok_s, 1),
+                        **native,
+                    }
+                )
+            )
             return
         model = load_hf(folder)
         static_tok_s = run_hf_static(model, requests, args.static_batch)
@@ -178,6 +210,8 @@ def main() -> None:
         "peak_kv_utilization": round(peak_kv, 4),
         "requests": len(requests),
         "output_tokens": sum(n for _, n in requests),
+        "model_impl": args.model_impl,
+        **native,
     }
     print(
         f"engine vs one at a time: {result['ratio_vs_serial']}x, vs static: {result['ratio_vs_static']}x"

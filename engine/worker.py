@@ -759,6 +759,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--device")
     engine.add_argument("--num-threads", type=int, help="CPU threads for the model (CPU only)")
     engine.add_argument("--no-prefix-caching", action="store_true")
+    engine.add_argument(
+        "--model-impl",
+        choices=("auto", "native", "transformers"),
+        help="native code or the checkpoint's transformers class on our paged attention "
+        "(default auto: native for Llama, Mistral, Qwen2, Qwen3, else transformers)",
+    )
     engine.add_argument("--log-level", default=os.environ.get("SLUICEGATE_LOG_LEVEL", "INFO"))
     return parser
 
@@ -775,6 +781,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "dtype",
         "device",
         "num_threads",
+        "model_impl",
     )
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:

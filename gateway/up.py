@@ -127,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="where databases, keys, logs and the demo model live",
     )
     parser.add_argument(
+        "--model-impl",
+        choices=("auto", "native", "transformers"),
+        help="passed to the engine worker (default auto: native where there is one)",
+    )
+    parser.add_argument(
         "--engine-arg",
         action="append",
         default=[],
@@ -287,6 +292,7 @@ def run(args: argparse.Namespace, stack: Stack) -> int:
             "--redis-url", redis_url,
             "--metrics-port", str(metrics_port),
             "--metrics-host", "127.0.0.1",
+            *(["--model-impl", args.model_impl] if args.model_impl else []),
             *args.engine_arg,
         ],
         env,
