@@ -19,13 +19,16 @@ from opentelemetry.trace import Span, StatusCode
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.api.admin import AdminController
+from gateway.api.admin import ADMIN_CONTROLLERS
 from gateway.api.health import HealthController
+from gateway.api.key_info import KeyInfoController
 from gateway.api.openai import OpenAIController, Services, new_request_id, request_state
 from gateway.auth import KeyCache
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.db.usage import DatabaseSpend
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.limits import RateLimiter
+from gateway.pricing import PriceBook, prices_from_config
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.telemetry import metrics_endpoint, setup_tracing
@@ -78,7 +81,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
         db_engine = create_engine(settings.database_url)
         sessionmaker = create_sessionmaker(db_engine)
         key_cache = KeyCache(redis_pubsub, sessionmaker, settings)
-        limiter = RateLimiter(redis, slot_ttl_s=settings.request_timeout_s)
+        prices = PriceBook(prices_from_config(settings.config, settings.currency), sessionmaker)
+        limiter = RateLimiter(
+            redis,
+            slot_ttl_s=settings.request_timeout_s,
+            spend=DatabaseSpend(sessionmaker),
+            prices=prices,
+        )
         router = Router.from_settings(settings, redis)
         flusher = (
             UsageFlusher(redis, sessionmaker, settings) if settings.run_usage_flusher else None
@@ -90,6 +99,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
             db_sessionmaker=sessionmaker,
             key_cache=key_cache,
             router=router,
+            prices=prices,
+            limiter=limiter,
             services=Services(
                 settings=settings,
                 router=router,
@@ -117,7 +128,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await redis.aclose()
 
     return Litestar(
-        route_handlers=[OpenAIController, AdminController, HealthController, metrics_endpoint],
+        route_handlers=[
+            OpenAIController,
+            KeyInfoController,
+            *ADMIN_CONTROLLERS,
+            HealthController,
+            metrics_endpoint,
+        ],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         before_send=[_stamp_response],

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import hashlib
-import hmac
 import logging
 import re
 import secrets
@@ -31,12 +30,11 @@ from typing import Any
 
 import msgspec
 from litestar.connection import ASGIConnection
-from litestar.handlers.base import BaseRouteHandler
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db import keys as key_queries
-from gateway.db.models import ApiKey
+from gateway.db.models import ApiKey, Team
 from gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 
@@ -66,6 +64,34 @@ def generate_key() -> tuple[str, str, str]:
     return plaintext, hash_key(plaintext), plaintext[:DISPLAY_PREFIX_CHARS]
 
 
+class TeamLimits(msgspec.Struct, frozen=True):
+    """A team's limits, which bind the sum of its keys (None = unlimited)."""
+
+    id: str
+    name: str
+    allowed_models: list[str]
+    rpm_limit: int | None
+    tpm_limit: int | None
+    max_parallel_requests: int | None
+    token_budget: int | None
+    max_budget_micros: int | None
+    budget_period: str | None
+
+    @classmethod
+    def from_row(cls, row: Team) -> TeamLimits:
+        return cls(
+            id=str(row.id),
+            name=row.name,
+            allowed_models=list(row.allowed_models),
+            rpm_limit=row.rpm_limit,
+            tpm_limit=row.tpm_limit,
+            max_parallel_requests=row.max_parallel_requests,
+            token_budget=row.token_budget,
+            max_budget_micros=row.max_budget_micros,
+            budget_period=row.budget_period,
+        )
+
+
 class ApiKeyRecord(msgspec.Struct, frozen=True):
     """What the request path knows about a key: identity and limits (None = unlimited)."""
 
@@ -80,12 +106,24 @@ class ApiKeyRecord(msgspec.Struct, frozen=True):
     expires_at: dt.datetime | None
     revoked: bool
     metadata: dict[str, Any]
+    role: str = "member"
+    max_budget_micros: int | None = None
+    team: TeamLimits | None = None
+
+    @property
+    def team_id(self) -> str | None:
+        return self.team.id if self.team is not None else None
 
     def allows_model(self, model: str) -> bool:
+        if self.team is not None and self.team.allowed_models:
+            if model not in self.team.allowed_models:
+                return False
         return not self.allowed_models or model in self.allowed_models
 
     @classmethod
-    def from_row(cls, row: ApiKey) -> ApiKeyRecord:
+    def from_row(
+        cls, row: ApiKey, team: Team | None = None, *, expires_at: dt.datetime | None = None
+    ) -> ApiKeyRecord:
         return cls(
             id=str(row.id),
             name=row.name,
@@ -95,9 +133,12 @@ class ApiKeyRecord(msgspec.Struct, frozen=True):
             max_parallel_requests=row.max_parallel_requests,
             token_budget=row.token_budget,
             budget_period=row.budget_period,
-            expires_at=row.expires_at,
+            expires_at=expires_at or row.expires_at,
             revoked=row.revoked_at is not None,
             metadata=dict(row.key_metadata),
+            role=row.role,
+            max_budget_micros=row.max_budget_micros,
+            team=TeamLimits.from_row(team) if team is not None else None,
         )
 
 
@@ -115,9 +156,10 @@ def _entry(record: ApiKeyRecord, ttl_s: float) -> _Entry:
     return _Entry(record, time.monotonic() + ttl_s, expires_ts)
 
 
-async def publish_invalidation(redis: Redis, key_id: str) -> None:
-    """Tells every replica's KeyCache to forget this key (after a revoke or an edit)."""
-    await redis.publish(INVALIDATION_CHANNEL, key_id)
+async def publish_invalidation(redis: Redis, *key_ids: str) -> None:
+    """Tells every replica's KeyCache to forget these keys (after a revoke or an edit)."""
+    for key_id in key_ids:
+        await redis.publish(INVALIDATION_CHANNEL, key_id)
 
 
 class InvalidKeyThrottle:
@@ -167,7 +209,8 @@ class KeyCache:
         self._ttl_s = settings.key_cache_ttl_s
         self._channel = channel
         self._entries: dict[str, _Entry] = {}
-        self._hash_by_id: dict[str, str] = {}
+        self._hashes_by_id: dict[str, set[str]] = {}
+        """A rotated key has two live hashes until its grace period ends."""
         self._unknown: dict[str, float] = {}
         """Hashes the database did not know -> monotonic time until which that is trusted."""
         self._loading: dict[str, asyncio.Future[_Entry | None]] = {}
@@ -217,14 +260,13 @@ class KeyCache:
         if key_id == INVALIDATE_ALL:
             self.invalidate_all()
             return
-        digest = self._hash_by_id.pop(key_id, None)
-        if digest is not None:
+        for digest in self._hashes_by_id.pop(key_id, ()):
             self._entries.pop(digest, None)
 
     def invalidate_all(self) -> None:
         self._epoch += 1
         self._entries.clear()
-        self._hash_by_id.clear()
+        self._hashes_by_id.clear()
 
     def _refuse_unasked(self, digest: str, client: str) -> None:
         """Raises, without a database query, for a known-unknown key or a throttled client."""
@@ -276,13 +318,19 @@ class KeyCache:
     async def _fetch(self, digest: str) -> _Entry | None:
         epoch = self._epoch
         async with self._sessionmaker() as session:
-            row = await key_queries.find_by_hash(session, digest)
-        if row is None:
+            found = await key_queries.find_by_hash(session, digest)
+        if found is None:
             return None
-        entry = _entry(ApiKeyRecord.from_row(row), self._ttl_s)
+        row, team = found
+        # A secret replaced by a rotation works until its grace period ends, then expires
+        # on every replica by itself (and at once on an invalidation).
+        grace_end = row.previous_key_expires_at if row.key_hash != digest else None
+        if grace_end is not None and row.expires_at is not None:
+            grace_end = min(grace_end, row.expires_at)
+        entry = _entry(ApiKeyRecord.from_row(row, team, expires_at=grace_end), self._ttl_s)
         if self._subscribed and epoch == self._epoch:
             self._entries[digest] = entry
-            self._hash_by_id[entry.record.id] = digest
+            self._hashes_by_id.setdefault(entry.record.id, set()).add(digest)
         return entry
 
     async def _listen(self) -> None:
@@ -350,15 +398,3 @@ def client_address(request: ASGIConnection[Any, Any, Any, Any]) -> str:
         if forwarded:
             return forwarded.split(",", 1)[0].strip()
     return request.client.host if request.client else ""
-
-
-def admin_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Litestar guard: the master key from ``app.state.settings``, compared in constant time.
-
-    With no master key configured every admin request is refused.
-    """
-    settings: Settings = connection.app.state.settings
-    token = bearer_token(connection.headers.get("authorization"))
-    master = settings.master_key
-    if not master or token is None or not hmac.compare_digest(token.encode(), master.encode()):
-        raise AuthenticationFailed("A valid admin (master) key is required.")

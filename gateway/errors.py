@@ -104,6 +104,12 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class Conflict(OpenAIError):
+    status_code = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
 class PayloadTooLarge(OpenAIError):
     status_code = 413
     code = "request_too_large"

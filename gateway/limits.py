@@ -1,8 +1,10 @@
-"""Per-key admission in one Redis round trip: requests/min, tokens/min, concurrency, budget.
+"""Admission in one Redis round trip: requests/min, tokens/min, concurrency, token and money
+budgets — for the key and for its team.
 
-One Lua script checks every limit of a key and, only if all pass, books them all — atomic,
-so N gateway replicas sharing one Redis enforce one limit, not N. Every key a script touches
-carries the hash tag ``{<key-id>}``, so a Redis Cluster keeps them on one slot.
+One Lua script checks every limit of a key and of its team and, only if all pass, books them
+all — atomic, so N gateway replicas sharing one Redis enforce one limit, not N. Every key a
+script touches carries one hash tag (``{<team-id>}`` for a key of a team, else ``{<key-id>}``),
+so a Redis Cluster keeps them on one slot.
 
 Windows: requests/min and tokens/min use a *sliding window counter* — two fixed one-minute
 buckets, the previous one weighted by how much of it still overlaps the last 60 s. It never
@@ -13,6 +15,12 @@ Tokens: admission reserves the estimate (prompt + max_tokens) against tokens/min
 the budget of the current period (UTC day or month); ``settle`` replaces the reservation with
 the real count and frees the concurrency slot. Since the reservation is the worst case, the
 budget is never overshot, however many requests run at once.
+
+Money: admission reserves the worst-case cost (``gateway.pricing``) against the money budgets
+of the key and its team; settle replaces it with the real cost, in integer micro-units.
+Budget counters live in Redis but are not trusted to stay there: when one is missing (a new
+period, a restart, an eviction, a FLUSHALL) the script books nothing and names it, and the
+limiter re-seeds it from the period's committed usage in PostgreSQL before admitting.
 
 Headers (OpenAI's): ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``; ``reset`` is
 the time until the window has fully drained (back to the whole limit), e.g. ``1m12s``.
@@ -29,7 +37,8 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-from gateway.errors import QuotaExceeded, RateLimited
+from gateway.errors import QuotaExceeded, RateLimited, ServiceUnavailable
+from gateway.pricing import Price, from_micros
 from gateway.telemetry import REJECTIONS
 
 WINDOW_S = 60
@@ -43,20 +52,26 @@ _REJECTION_REASONS = {
     2: "rate_limit_tokens",
     3: "concurrency",
     4: "quota",
+    6: "budget",
 }
 
 ADMIT_LUA = """
+-- ARGV: now, window start, window length, tokens, cost (micros), member, slot ttl, scope count,
+-- then per scope: rpm, tpm, parallel, token budget, money budget, budget ttl (-1 = no limit).
+-- KEYS per scope (7): req cur, req prev, tok cur, tok prev, slots, token budget, money budget.
 local now = tonumber(ARGV[1])
 local elapsed = now - tonumber(ARGV[2])
 local win = tonumber(ARGV[3])
-local rpm = tonumber(ARGV[4])
-local tpm = tonumber(ARGV[5])
-local cost = tonumber(ARGV[6])
-local parallel = tonumber(ARGV[7])
-local budget = tonumber(ARGV[8])
+local tokens = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+local member = ARGV[6]
+local slot_ttl = tonumber(ARGV[7])
+local scopes = tonumber(ARGV[8])
 local weight = 1 - elapsed / win
 
 local function num(key) return tonumber(redis.call('get', key) or '0') end
+local function arg(s, i) return tonumber(ARGV[8 + 6 * s + i]) end
+local function key(s, i) return KEYS[7 * s + i] end
 
 -- seconds until prev*weight(t) + cur + amount <= limit; -1 when it never will
 local function wait_for(cur, prev, amount, limit)
@@ -77,67 +92,130 @@ local function drain(cur, prev)
   return 0
 end
 
-local req_cur, req_prev, tok_cur, tok_prev = 0, 0, 0, 0
-if rpm >= 0 then req_cur = num(KEYS[1]); req_prev = num(KEYS[2]) end
-if tpm >= 0 then tok_cur = num(KEYS[3]); tok_prev = num(KEYS[4]) end
-local req_used = req_prev * weight + req_cur
-local tok_used = tok_prev * weight + tok_cur
+-- A budget counter that is missing (new period, Redis restart, eviction) is seeded by the
+-- caller from the database first: answer which, and book nothing.
+local missing = {}
+for s = 0, scopes - 1 do
+  if arg(s, 4) >= 0 and redis.call('exists', key(s, 6)) == 0 then table.insert(missing, 7 * s + 6) end
+  if arg(s, 5) >= 0 and redis.call('exists', key(s, 7)) == 0 then table.insert(missing, 7 * s + 7) end
+end
+if #missing > 0 then return {5, -1, 0, missing} end
 
-local code, retry = 0, 0
-if budget >= 0 and num(KEYS[6]) + cost > budget then
-  code = 4
-elseif rpm >= 0 and req_used + 1 > rpm then
-  code, retry = 1, wait_for(req_cur, req_prev, 1, rpm)
-elseif tpm >= 0 and tok_used + cost > tpm then
-  code, retry = 2, wait_for(tok_cur, tok_prev, cost, tpm)
-elseif parallel >= 0 then
-  redis.call('zremrangebyscore', KEYS[5], '-inf', now)
-  if redis.call('zcard', KEYS[5]) >= parallel then code, retry = 3, 1 end
+local code, failed, retry = 0, -1, 0
+local state = {}
+for s = 0, scopes - 1 do
+  local rpm, tpm, parallel = arg(s, 1), arg(s, 2), arg(s, 3)
+  local st = {req_cur = 0, req_prev = 0, tok_cur = 0, tok_prev = 0}
+  if rpm >= 0 then st.req_cur = num(key(s, 1)); st.req_prev = num(key(s, 2)) end
+  if tpm >= 0 then st.tok_cur = num(key(s, 3)); st.tok_prev = num(key(s, 4)) end
+  st.req_used = st.req_prev * weight + st.req_cur
+  st.tok_used = st.tok_prev * weight + st.tok_cur
+  state[s] = st
+  if code == 0 then
+    if arg(s, 4) >= 0 and num(key(s, 6)) + tokens > arg(s, 4) then
+      code = 4
+    elseif arg(s, 5) >= 0 and num(key(s, 7)) + cost > arg(s, 5) then
+      code = 6
+    elseif rpm >= 0 and st.req_used + 1 > rpm then
+      code, retry = 1, wait_for(st.req_cur, st.req_prev, 1, rpm)
+    elseif tpm >= 0 and st.tok_used + tokens > tpm then
+      code, retry = 2, wait_for(st.tok_cur, st.tok_prev, tokens, tpm)
+    elseif parallel >= 0 then
+      redis.call('zremrangebyscore', key(s, 5), '-inf', now)
+      if redis.call('zcard', key(s, 5)) >= parallel then code, retry = 3, 1 end
+    end
+    if code ~= 0 then failed = s end
+  end
 end
 
-if code == 0 then
-  if rpm >= 0 then
-    req_cur = redis.call('incr', KEYS[1]); redis.call('expire', KEYS[1], 2 * win)
-    req_used = req_used + 1
+local out = {code, failed, math.floor(retry * 1000), {}}
+for s = 0, scopes - 1 do
+  local st = state[s]
+  local rpm, tpm = arg(s, 1), arg(s, 2)
+  if code == 0 then
+    if rpm >= 0 then
+      st.req_cur = redis.call('incr', key(s, 1)); redis.call('expire', key(s, 1), 2 * win)
+      st.req_used = st.req_used + 1
+    end
+    if tpm >= 0 then
+      st.tok_cur = redis.call('incrby', key(s, 3), tokens); redis.call('expire', key(s, 3), 2 * win)
+      st.tok_used = st.tok_used + tokens
+    end
+    if arg(s, 3) >= 0 then
+      redis.call('zadd', key(s, 5), now + slot_ttl, member)
+      redis.call('expire', key(s, 5), math.ceil(slot_ttl))
+    end
+    if arg(s, 4) >= 0 then
+      redis.call('incrby', key(s, 6), tokens); redis.call('expire', key(s, 6), arg(s, 6))
+    end
+    if arg(s, 5) >= 0 then
+      redis.call('incrby', key(s, 7), cost); redis.call('expire', key(s, 7), arg(s, 6))
+    end
   end
-  if tpm >= 0 then
-    tok_cur = redis.call('incrby', KEYS[3], cost); redis.call('expire', KEYS[3], 2 * win)
-    tok_used = tok_used + cost
-  end
-  if parallel >= 0 then
-    redis.call('zadd', KEYS[5], now + tonumber(ARGV[10]), ARGV[9])
-    redis.call('expire', KEYS[5], math.ceil(tonumber(ARGV[10])))
-  end
-  if budget >= 0 then
-    redis.call('incrby', KEYS[6], cost); redis.call('expire', KEYS[6], tonumber(ARGV[11]))
-  end
+  table.insert(out, math.floor(math.max(0, rpm - st.req_used)))
+  table.insert(out, math.floor(drain(st.req_cur, st.req_prev) * 1000))
+  table.insert(out, math.floor(math.max(0, tpm - st.tok_used)))
+  table.insert(out, math.floor(drain(st.tok_cur, st.tok_prev) * 1000))
 end
+return out
+"""
 
-return {code, math.floor(retry * 1000),
-        math.floor(math.max(0, rpm - req_used)), math.floor(drain(req_cur, req_prev) * 1000),
-        math.floor(math.max(0, tpm - tok_used)), math.floor(drain(tok_cur, tok_prev) * 1000)}
+SEED_LUA = """
+-- KEYS: budget counters; ARGV: ttl, then one value per key. NX: a concurrent seed or a
+-- booking that got there first is kept.
+for i, name in ipairs(KEYS) do
+  redis.call('set', name, ARGV[i + 1], 'NX', 'EX', tonumber(ARGV[1]))
+end
+return #KEYS
 """
 
 SETTLE_LUA = """
-local delta = tonumber(ARGV[1])
-if delta ~= 0 then
-  if redis.call('exists', KEYS[1]) == 1 then redis.call('incrby', KEYS[1], delta) end
-  if redis.call('exists', KEYS[2]) == 1 then redis.call('incrby', KEYS[2], delta) end
+-- ARGV: token delta, cost delta, member. KEYS per scope (4): tok cur, token budget,
+-- money budget, slots. A counter gone meanwhile is re-seeded from the database later.
+local tokens, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
+for s = 0, #KEYS / 4 - 1 do
+  local base = 4 * s
+  if tokens ~= 0 then
+    if redis.call('exists', KEYS[base + 1]) == 1 then redis.call('incrby', KEYS[base + 1], tokens) end
+    if redis.call('exists', KEYS[base + 2]) == 1 then redis.call('incrby', KEYS[base + 2], tokens) end
+  end
+  if cost ~= 0 and redis.call('exists', KEYS[base + 3]) == 1 then
+    redis.call('incrby', KEYS[base + 3], cost)
+  end
+  redis.call('zrem', KEYS[base + 4], ARGV[3])
 end
-redis.call('zrem', KEYS[3], ARGV[2])
 return 1
 """
 
+SEED_ATTEMPTS = 3
 
-class KeyLimits(Protocol):
-    """The limit fields of ``gateway.auth.ApiKeyRecord``."""
+
+class ScopeLimits(Protocol):
+    """The limits of a key or of its team (``gateway.auth.ApiKeyRecord``, ``TeamLimits``)."""
 
     id: str
     rpm_limit: int | None
     tpm_limit: int | None
     max_parallel_requests: int | None
     token_budget: int | None
+    max_budget_micros: int | None
     budget_period: str | None
+
+
+class KeyLimits(ScopeLimits, Protocol):
+    team: ScopeLimits | None
+
+
+class SpendSource(Protocol):
+    """Where a missing budget counter is re-seeded from: the period's committed usage."""
+
+    async def spent(self, kind: str, scope_id: str, period: str | None) -> tuple[int, int]:
+        """``(tokens, cost micros)`` of the current period of ``period`` for a key or team."""
+        ...
+
+
+class PriceSource(Protocol):
+    async def price_at(self, model: str, when: float | None = None) -> Price | None: ...
 
 
 def format_reset(ms: int) -> str:
@@ -169,6 +247,23 @@ def _limit(value: int | None) -> int:
     return UNLIMITED if value is None else int(value)
 
 
+def scope_tag(kind: str, scope_id: str, team_id: str | None) -> str:
+    """Key names of a scope. A key of a team carries the team's hash tag, so one admission
+    touches one Redis Cluster slot; a key without a team keeps ``{key-id}``."""
+    if team_id is None:
+        return f"sg:rl:{{{scope_id}}}"
+    return f"sg:rl:{{{team_id}}}:team" if kind == "team" else f"sg:rl:{{{team_id}}}:k:{scope_id}"
+
+
+def budget_keys(
+    kind: str, scope: ScopeLimits, team_id: str | None, now: float
+) -> tuple[str, str, int]:
+    """``(token counter, money counter, ttl)`` of the current budget period of a scope."""
+    tag = scope_tag(kind, scope.id, team_id)
+    period, ttl = budget_period_id(scope.budget_period, now)
+    return f"{tag}:b:{period}", f"{tag}:m:{period}", ttl
+
+
 @dataclass(slots=True)
 class Admission:
     """A granted reservation; ``settle`` it exactly once when the request ends."""
@@ -176,22 +271,44 @@ class Admission:
     key_id: str
     request_id: str
     reserved_tokens: int
-    tokens_key: str
-    budget_key: str
-    slots_key: str
+    settle_keys: list[str]
     headers: dict[str, str]
+    price: Price | None = None
+    reserved_micros: int = 0
+    team_id: str | None = None
+
+    def cost_micros(self, prompt_tokens: int, completion_tokens: int, cached: int = 0) -> int:
+        """The real cost at the price in force at admission (0 for an unpriced model)."""
+        if self.price is None:
+            return 0
+        return self.price.cost_micros(prompt_tokens, completion_tokens, cached)
+
+
+def _scopes(key: KeyLimits) -> list[tuple[str, ScopeLimits]]:
+    return [("key", key)] + ([("team", key.team)] if key.team is not None else [])
 
 
 class RateLimiter:
-    def __init__(self, redis: Redis, *, slot_ttl_s: float) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        slot_ttl_s: float,
+        spend: SpendSource | None = None,
+        prices: PriceSource | None = None,
+    ) -> None:
         self._redis = redis
         self._slot_ttl_s = slot_ttl_s + SLOT_TTL_MARGIN_S
+        self._spend = spend
+        self._prices = prices
         self._admit_sha = ""
         self._settle_sha = ""
+        self._seed_sha = ""
 
     async def load(self) -> None:
         self._admit_sha = await self._redis.script_load(ADMIT_LUA)
         self._settle_sha = await self._redis.script_load(SETTLE_LUA)
+        self._seed_sha = await self._redis.script_load(SEED_LUA)
 
     async def _evalsha(self, sha_attr: str, source: str, keys: list[str], args: list[Any]) -> Any:
         sha = getattr(self, sha_attr)
@@ -204,83 +321,200 @@ class RateLimiter:
             setattr(self, sha_attr, await self._redis.script_load(source))
             return await self._redis.evalsha(getattr(self, sha_attr), len(keys), *keys, *args)
 
-    async def admit(self, key: KeyLimits, request_id: str, tokens: int) -> Admission:
-        """Book one request of ``tokens`` (estimate) or raise RateLimited / QuotaExceeded."""
-        now = time.time()
+    async def admit(
+        self,
+        key: KeyLimits,
+        request_id: str,
+        tokens: int,
+        *,
+        model: str | None = None,
+        prompt_tokens: int | None = None,
+    ) -> Admission:
+        """Book one request of ``tokens`` (estimate; ``prompt_tokens`` of it the prompt) on the
+        key and its team, or raise RateLimited / QuotaExceeded."""
+        price = None
+        if model is not None and self._prices is not None:
+            price = await self._prices.price_at(model)
+        prompt = tokens if prompt_tokens is None else prompt_tokens
+        cost = price.worst_case_micros(prompt, tokens - prompt) if price is not None else 0
+        for _ in range(SEED_ATTEMPTS):
+            now = time.time()
+            keys, args = self._admission_call(key, request_id, tokens, cost, now)
+            result = await self._evalsha("_admit_sha", ADMIT_LUA, keys, args)
+            if int(result[0]) != 5:
+                break
+            await self._seed(key, keys, [int(i) for i in result[3]], now)
+        else:
+            raise ServiceUnavailable("Budget counters could not be restored; try again shortly.")
+        code, failed, retry_ms = int(result[0]), int(result[1]), int(result[2])
+        scopes = _scopes(key)
+        headers = _headers(scopes, result[4:])
+        if code == 0:
+            settle_keys = []
+            for index in range(len(scopes)):
+                base = 7 * index
+                settle_keys += [keys[base + 2], keys[base + 5], keys[base + 6], keys[base + 4]]
+            return Admission(
+                key.id,
+                request_id,
+                tokens,
+                settle_keys,
+                headers,
+                price=price,
+                reserved_micros=cost,
+                team_id=key.team.id if key.team is not None else None,
+            )
+        REJECTIONS.labels(_REJECTION_REASONS[code]).inc()
+        kind, scope = scopes[failed]
+        raise _rejection(code, retry_ms, tokens, cost, kind, scope, headers)
+
+    def _admission_call(
+        self, key: KeyLimits, request_id: str, tokens: int, cost: int, now: float
+    ) -> tuple[list[str], list[Any]]:
         window = int(now // WINDOW_S)
-        tag = f"sg:rl:{{{key.id}}}"
-        period, budget_ttl = budget_period_id(key.budget_period, now)
-        keys = [
-            f"{tag}:r:{window}",
-            f"{tag}:r:{window - 1}",
-            f"{tag}:t:{window}",
-            f"{tag}:t:{window - 1}",
-            f"{tag}:slots",
-            f"{tag}:b:{period}",
-        ]
-        rpm, tpm = _limit(key.rpm_limit), _limit(key.tpm_limit)
-        args = [
+        keys: list[str] = []
+        args: list[Any] = [
             repr(now),
             window * WINDOW_S,
             WINDOW_S,
-            rpm,
-            tpm,
             tokens,
-            _limit(key.max_parallel_requests),
-            _limit(key.token_budget),
+            cost,
             request_id,
             repr(self._slot_ttl_s),
-            budget_ttl,
         ]
-        code, retry_ms, req_left, req_reset, tok_left, tok_reset = await self._evalsha(
-            "_admit_sha", ADMIT_LUA, keys, args
-        )
-        headers: dict[str, str] = {}
-        if rpm >= 0:
-            headers["x-ratelimit-limit-requests"] = str(rpm)
-            headers["x-ratelimit-remaining-requests"] = str(req_left)
-            headers["x-ratelimit-reset-requests"] = format_reset(req_reset)
-        if tpm >= 0:
-            headers["x-ratelimit-limit-tokens"] = str(tpm)
-            headers["x-ratelimit-remaining-tokens"] = str(tok_left)
-            headers["x-ratelimit-reset-tokens"] = format_reset(tok_reset)
-        if code == 0:
-            return Admission(key.id, request_id, tokens, keys[2], keys[5], keys[4], headers)
-        REJECTIONS.labels(_REJECTION_REASONS[code]).inc()
-        raise _rejection(code, retry_ms, tokens, rpm, tpm, key, headers)
+        scopes = _scopes(key)
+        args.append(len(scopes))
+        team_id = key.team.id if key.team is not None else None
+        for kind, scope in scopes:
+            tag = scope_tag(kind, scope.id, team_id)
+            tokens_key, money_key, budget_ttl = budget_keys(kind, scope, team_id, now)
+            keys += [
+                f"{tag}:r:{window}",
+                f"{tag}:r:{window - 1}",
+                f"{tag}:t:{window}",
+                f"{tag}:t:{window - 1}",
+                f"{tag}:slots",
+                tokens_key,
+                money_key,
+            ]
+            args += [
+                _limit(scope.rpm_limit),
+                _limit(scope.tpm_limit),
+                _limit(scope.max_parallel_requests),
+                _limit(scope.token_budget),
+                _limit(scope.max_budget_micros),
+                budget_ttl,
+            ]
+        return keys, args
 
-    def settle_command(self, admission: Admission, actual_tokens: int) -> tuple[Any, ...]:
+    async def _seed(self, key: KeyLimits, keys: list[str], missing: list[int], now: float) -> None:
+        """Restores missing budget counters from the period's committed usage in PostgreSQL."""
+        if self._spend is None:
+            values = dict.fromkeys(missing, 0)
+        else:
+            values = {}
+            scopes = _scopes(key)
+            for position in missing:
+                index, slot = divmod(position - 1, 7)
+                kind, scope = scopes[index]
+                tokens, micros = await self._spend.spent(kind, scope.id, scope.budget_period)
+                values[position] = tokens if slot == 5 else micros
+        team_id = key.team.id if key.team is not None else None
+        ttl = max(budget_keys(kind, scope, team_id, now)[2] for kind, scope in _scopes(key))
+        names = [keys[position - 1] for position in values]
+        await self._evalsha("_seed_sha", SEED_LUA, names, [ttl, *values.values()])
+
+    async def counters(self, kind: str, scope: ScopeLimits, team_id: str | None) -> tuple[int, int]:
+        """``(tokens, cost micros)`` booked in a key's or team's current period: the numbers
+        admission compares against the budgets (re-seeded first when missing)."""
+        tokens_key, money_key, ttl = budget_keys(kind, scope, team_id, time.time())
+        values = await self._redis.mget(tokens_key, money_key)
+        if any(value is None for value in values):
+            spent = (0, 0)
+            if self._spend is not None:
+                spent = await self._spend.spent(kind, scope.id, scope.budget_period)
+            await self._evalsha(
+                "_seed_sha", SEED_LUA, [tokens_key, money_key], [ttl, spent[0], spent[1]]
+            )
+            values = await self._redis.mget(tokens_key, money_key)
+        return int(values[0] or 0), int(values[1] or 0)
+
+    def settle_command(
+        self, admission: Admission, actual_tokens: int, actual_micros: int = 0
+    ) -> tuple[Any, ...]:
         """The EVALSHA that settles ``admission``, for a caller's pipeline."""
-        keys = [admission.tokens_key, admission.budget_key, admission.slots_key]
-        delta = actual_tokens - admission.reserved_tokens
-        return ("EVALSHA", self._settle_sha, len(keys), *keys, delta, admission.request_id)
+        keys = admission.settle_keys
+        return (
+            "EVALSHA",
+            self._settle_sha,
+            len(keys),
+            *keys,
+            actual_tokens - admission.reserved_tokens,
+            actual_micros - admission.reserved_micros,
+            admission.request_id,
+        )
 
-    async def settle(self, admission: Admission, actual_tokens: int) -> None:
-        keys = [admission.tokens_key, admission.budget_key, admission.slots_key]
-        delta = actual_tokens - admission.reserved_tokens
-        await self._evalsha("_settle_sha", SETTLE_LUA, keys, [delta, admission.request_id])
+    async def settle(
+        self, admission: Admission, actual_tokens: int, actual_micros: int = 0
+    ) -> None:
+        args = [
+            actual_tokens - admission.reserved_tokens,
+            actual_micros - admission.reserved_micros,
+            admission.request_id,
+        ]
+        await self._evalsha("_settle_sha", SETTLE_LUA, admission.settle_keys, args)
+
+
+def _headers(scopes: list[tuple[str, ScopeLimits]], values: list[Any]) -> dict[str, str]:
+    """OpenAI's headers for whichever limited scope has the least left."""
+    headers: dict[str, str] = {}
+    for name, limit_attr, offset in (("requests", "rpm_limit", 0), ("tokens", "tpm_limit", 2)):
+        best: tuple[int, int, int] | None = None
+        for index, (_, scope) in enumerate(scopes):
+            limit = getattr(scope, limit_attr)
+            if limit is None:
+                continue
+            left, reset = int(values[4 * index + offset]), int(values[4 * index + offset + 1])
+            if best is None or left < best[1]:
+                best = (int(limit), left, reset)
+        if best is not None:
+            headers[f"x-ratelimit-limit-{name}"] = str(best[0])
+            headers[f"x-ratelimit-remaining-{name}"] = str(best[1])
+            headers[f"x-ratelimit-reset-{name}"] = format_reset(best[2])
+    return headers
 
 
 def _rejection(
     code: int,
     retry_ms: int,
     tokens: int,
-    rpm: int,
-    tpm: int,
-    key: KeyLimits,
+    cost: int,
+    kind: str,
+    key: ScopeLimits,
     headers: dict[str, str],
 ) -> Exception:
     retry_s = retry_ms / 1000
+    rpm, tpm = key.rpm_limit, key.tpm_limit
+    owner = "this key" if kind == "key" else "this key's team"
+    period = key.budget_period or "lifetime"
     if code == 4:
         return QuotaExceeded(
             f"This request needs up to {tokens} tokens, more than the remaining token budget "
-            f"of this key ({key.token_budget} per {key.budget_period or 'lifetime'}). "
+            f"of {owner} ({key.token_budget} per {period}). "
+            "Lower max_tokens or raise the budget.",
+            headers=headers,
+        )
+    if code == 6:
+        budget = from_micros(key.max_budget_micros or 0)
+        return QuotaExceeded(
+            f"This request may cost up to {from_micros(cost):.6f}, more than the remaining "
+            f"budget of {owner} ({budget:g} per {period}). "
             "Lower max_tokens or raise the budget.",
             headers=headers,
         )
     if code == 1:
         return RateLimited(
-            f"Rate limit reached for requests: limit {rpm} per minute. "
+            f"Rate limit reached for requests ({owner}): limit {rpm} per minute. "
             f"Please try again in {retry_s:.3g}s.",
             limit="requests",
             retry_after_s=retry_s,
@@ -296,14 +530,14 @@ def _rejection(
                 headers=headers,
             )
         return RateLimited(
-            f"Rate limit reached for tokens: limit {tpm} per minute, this request needs up "
+            f"Rate limit reached for tokens ({owner}): limit {tpm} per minute, this request needs up "
             f"to {tokens}. Please try again in {retry_s:.3g}s.",
             limit="tokens",
             retry_after_s=retry_s,
             headers=headers,
         )
     return RateLimited(
-        f"Too many parallel requests: this key may run {key.max_parallel_requests} at once.",
+        f"Too many parallel requests: {owner} may run {key.max_parallel_requests} at once.",
         limit="requests",
         retry_after_s=retry_s,
         headers=headers,

@@ -74,6 +74,8 @@ class Settings:
     """How long a stream whose engine worker died waits for another worker to take it over."""
     otel_capture_content: bool = False
     """Put prompts and completions into spans; off unless explicitly enabled."""
+    currency: str = "USD"
+    """The one currency of prices, costs and money budgets (ISO 4217 code)."""
     instance_id: str = field(default_factory=lambda: os.urandom(4).hex())
 
     def __post_init__(self) -> None:

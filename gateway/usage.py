@@ -48,6 +48,10 @@ class UsageEvent(msgspec.Struct, kw_only=True, frozen=True):
     deployment: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_micros: int = 0
+    """Exact cost in micro-units of the gateway's currency, priced at admission."""
+    team_id: str | None = None
     status: Literal["ok", "error", "cancelled"] = "ok"
     finish_reason: str | None = None
     latency_ms: float = 0.0
@@ -81,6 +85,9 @@ def _row(event: UsageEvent) -> dict[str, Any]:
         "deployment": event.deployment,
         "prompt_tokens": event.prompt_tokens,
         "completion_tokens": event.completion_tokens,
+        "cached_tokens": event.cached_tokens,
+        "cost_micros": event.cost_micros,
+        "team_id": uuid.UUID(event.team_id) if event.team_id else None,
         "status": event.status,
         "finish_reason": event.finish_reason,
         "latency_ms": event.latency_ms,
@@ -198,7 +205,8 @@ class UsageFlusher:
         if now < self._next_claim:
             return []
         self._next_claim = now + self._claim_every_s
-        _, claimed, deleted = await self._redis.xautoclaim(
+        # Redis 7 answers (cursor, claimed, deleted ids); Redis 6.2 has no third element.
+        cursor_claimed_deleted = await self._redis.xautoclaim(
             self._stream,
             FLUSHER_GROUP,
             self.consumer,
@@ -206,6 +214,8 @@ class UsageFlusher:
             start_id="0-0",
             count=self._batch,
         )
+        claimed = cursor_claimed_deleted[1]
+        deleted = cursor_claimed_deleted[2] if len(cursor_claimed_deleted) > 2 else []
         if deleted:
             await self._redis.xack(self._stream, FLUSHER_GROUP, *deleted)
         if claimed:

@@ -186,6 +186,9 @@ class Call:
         now = time.perf_counter()
         usage = self.billed()
         billed_total = usage.prompt_tokens + usage.completion_tokens
+        cost = self.admission.cost_micros(
+            usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+        )
         ttft_ms = (
             (self.first_token_at - self.started) * 1000 if self.first_token_at is not None else None
         )
@@ -196,6 +199,9 @@ class Call:
             deployment=self.deployment.name if self.deployment else None,
             prompt_tokens=usage.prompt_tokens,
             completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            cost_micros=cost,
+            team_id=self.admission.team_id,
             status=self.status,  # type: ignore[arg-type]
             finish_reason=self.finish_reason if self.status == "ok" else None,
             latency_ms=(now - self.started) * 1000,
@@ -206,14 +212,16 @@ class Call:
         services = self.services
         try:
             pipe = services.redis.pipeline(transaction=False)
-            pipe.execute_command(*services.limiter.settle_command(self.admission, billed_total))
+            pipe.execute_command(
+                *services.limiter.settle_command(self.admission, billed_total, cost)
+            )
             services.recorder.record_in(pipe, event)
             settled, recorded = await pipe.execute(raise_on_error=False)
             if isinstance(recorded, Exception):
                 logger.error("usage of %s not recorded: %s", self.request_id, recorded)
             if isinstance(settled, Exception):
                 # The settle script was forgotten (Redis restart): load it, settle again.
-                await services.limiter.settle(self.admission, billed_total)
+                await services.limiter.settle(self.admission, billed_total, cost)
         except RedisError:
             logger.exception("could not settle %s or record its usage", self.request_id)
         metrics = model_metrics(self.public_model)
@@ -288,7 +296,11 @@ async def _admit(
         prompt_estimate = body.prompt_token_estimate()
         try:
             admission = await services.limiter.admit(
-                key, request_id, prompt_estimate + sampling.max_tokens
+                key,
+                request_id,
+                prompt_estimate + sampling.max_tokens,
+                model=route.name,
+                prompt_tokens=prompt_estimate,
             )
         except RedisError as exc:
             raise ServiceUnavailable(

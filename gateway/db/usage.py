@@ -16,11 +16,11 @@ from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import UsageDaily, UsageRecord
 
-GroupBy = Literal["day", "model", "key"]
+GroupBy = Literal["day", "model", "key", "team"]
 
 
 async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> int:
@@ -38,15 +38,24 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
             UsageRecord.finished_at,
             UsageRecord.prompt_tokens,
             UsageRecord.completion_tokens,
+            UsageRecord.cost_micros,
+            UsageRecord.status,
+            UsageRecord.team_id,
         )
     )
-    inserted = (await session.execute(statement, list(rows))).all()
-    totals: dict[tuple[dt.date, uuid.UUID, str], list[int]] = defaultdict(lambda: [0, 0, 0])
-    for key_id, model, finished_at, prompt_tokens, completion_tokens in inserted:
+    full_rows = [{"cached_tokens": 0, "cost_micros": 0, "team_id": None, **row} for row in rows]
+    inserted = (await session.execute(statement, full_rows)).all()
+    totals: dict[tuple[dt.date, uuid.UUID, str], list[Any]] = defaultdict(
+        lambda: [0, 0, 0, 0, 0, None]
+    )
+    for key_id, model, finished_at, prompt, completion, cost, status, team_id in inserted:
         total = totals[(finished_at.astimezone(dt.UTC).date(), key_id, model)]
         total[0] += 1
-        total[1] += prompt_tokens
-        total[2] += completion_tokens
+        total[1] += prompt
+        total[2] += completion
+        total[3] += cost
+        total[4] += status == "error"
+        total[5] = team_id
     if totals:
         rollup = insert(UsageDaily).values(
             [
@@ -57,8 +66,18 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
                     "requests": requests,
                     "prompt_tokens": prompt,
                     "completion_tokens": completion,
+                    "cost_micros": cost,
+                    "errors": errors,
+                    "team_id": team_id,
                 }
-                for (day, key_id, model), (requests, prompt, completion) in sorted(totals.items())
+                for (day, key_id, model), (
+                    requests,
+                    prompt,
+                    completion,
+                    cost,
+                    errors,
+                    team_id,
+                ) in sorted(totals.items())
             ]
         )
         rollup = rollup.on_conflict_do_update(
@@ -68,6 +87,9 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
                 "prompt_tokens": UsageDaily.prompt_tokens + rollup.excluded.prompt_tokens,
                 "completion_tokens": UsageDaily.completion_tokens
                 + rollup.excluded.completion_tokens,
+                "cost_micros": UsageDaily.cost_micros + rollup.excluded.cost_micros,
+                "errors": UsageDaily.errors + rollup.excluded.errors,
+                "team_id": func.coalesce(rollup.excluded.team_id, UsageDaily.team_id),
             },
         )
         await session.execute(rollup)
@@ -79,8 +101,10 @@ class UsageTotals:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    cost_micros: int = 0
+    errors: int = 0
     group: str | None = None
-    """The day (ISO), model or key id this row totals, when grouped."""
+    """The day (ISO), model, key id or team id this row totals, when grouped."""
 
     @property
     def total_tokens(self) -> int:
@@ -92,13 +116,21 @@ class UsageTotals:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
+            "cost_micros": self.cost_micros,
+            "errors": self.errors,
         }
 
 
 def _filters(
-    key_id: uuid.UUID | None, model: str | None, since: dt.date | None, until: dt.date | None
+    key_id: uuid.UUID | None,
+    model: str | None,
+    since: dt.date | None,
+    until: dt.date | None,
+    team_id: uuid.UUID | None = None,
 ) -> list[ColumnElement[bool]]:
     conditions: list[ColumnElement[bool]] = []
+    if team_id is not None:
+        conditions.append(UsageDaily.team_id == team_id)
     if key_id is not None:
         conditions.append(UsageDaily.key_id == key_id)
     if model is not None:
@@ -110,7 +142,12 @@ def _filters(
     return conditions
 
 
-_GROUP_COLUMNS = {"day": UsageDaily.day, "model": UsageDaily.model, "key": UsageDaily.key_id}
+_GROUP_COLUMNS = {
+    "day": UsageDaily.day,
+    "model": UsageDaily.model,
+    "key": UsageDaily.key_id,
+    "team": UsageDaily.team_id,
+}
 
 
 async def usage_totals(
@@ -121,6 +158,7 @@ async def usage_totals(
     since: dt.date | None = None,
     until: dt.date | None = None,
     group_by: GroupBy | None = None,
+    team_id: uuid.UUID | None = None,
 ) -> list[UsageTotals]:
     """Totals from the daily rollups over UTC days ``since..until`` (both inclusive).
 
@@ -130,16 +168,45 @@ async def usage_totals(
         func.coalesce(func.sum(UsageDaily.requests), 0),
         func.coalesce(func.sum(UsageDaily.prompt_tokens), 0),
         func.coalesce(func.sum(UsageDaily.completion_tokens), 0),
+        func.coalesce(func.sum(UsageDaily.cost_micros), 0),
+        func.coalesce(func.sum(UsageDaily.errors), 0),
     )
-    conditions = _filters(key_id, model, since, until)
+    conditions = _filters(key_id, model, since, until, team_id)
     if group_by is None:
         row = (await session.execute(select(*sums).where(*conditions))).one()
-        return [UsageTotals(int(row[0]), int(row[1]), int(row[2]))]
+        return [UsageTotals(*(int(value) for value in row))]
     column = _GROUP_COLUMNS[group_by]
     query = select(column, *sums).where(*conditions).group_by(column).order_by(column)
     return [
-        UsageTotals(int(requests), int(prompt), int(completion), _group_label(group))
-        for group, requests, prompt, completion in (await session.execute(query)).all()
+        UsageTotals(*(int(value) for value in values), group=_group_label(group))
+        for group, *values in (await session.execute(query)).all()
+    ]
+
+
+async def daily_by_model(
+    session: AsyncSession,
+    *,
+    since: dt.date,
+    until: dt.date | None = None,
+    team_id: uuid.UUID | None = None,
+    key_id: uuid.UUID | None = None,
+    model: str | None = None,
+) -> list[tuple[dt.date, str, int, int]]:
+    """``(day, model, tokens, cost micros)`` rows for charts, oldest first."""
+    query = (
+        select(
+            UsageDaily.day,
+            UsageDaily.model,
+            func.sum(UsageDaily.prompt_tokens + UsageDaily.completion_tokens),
+            func.sum(UsageDaily.cost_micros),
+        )
+        .where(*_filters(key_id, model, since, until, team_id))
+        .group_by(UsageDaily.day, UsageDaily.model)
+        .order_by(UsageDaily.day, UsageDaily.model)
+    )
+    return [
+        (day, name, int(tokens), int(cost))
+        for day, name, tokens, cost in (await session.execute(query)).all()
     ]
 
 
@@ -158,7 +225,35 @@ def budget_period_start(period: str | None, now: dt.datetime) -> dt.date | None:
 
 
 async def tokens_used_since(session: AsyncSession, key_id: uuid.UUID, since: dt.date | None) -> int:
+    return (await spent_since(session, key_id=key_id, since=since))[0]
+
+
+async def spent_since(
+    session: AsyncSession,
+    *,
+    key_id: uuid.UUID | None = None,
+    team_id: uuid.UUID | None = None,
+    since: dt.date | None,
+) -> tuple[int, int]:
+    """``(tokens, cost micros)`` committed for a key or a team since a UTC day (None: ever)."""
     query = select(
-        func.coalesce(func.sum(UsageDaily.prompt_tokens + UsageDaily.completion_tokens), 0)
-    ).where(*_filters(key_id, None, since, None))
-    return int((await session.execute(query)).scalar_one())
+        func.coalesce(func.sum(UsageDaily.prompt_tokens + UsageDaily.completion_tokens), 0),
+        func.coalesce(func.sum(UsageDaily.cost_micros), 0),
+    ).where(*_filters(key_id, None, since, None, team_id))
+    tokens, micros = (await session.execute(query)).one()
+    return int(tokens), int(micros)
+
+
+class DatabaseSpend:
+    """The limiter's ``SpendSource``: a budget period's committed usage, from the rollups."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker
+
+    async def spent(self, kind: str, scope_id: str, period: str | None) -> tuple[int, int]:
+        since = budget_period_start(period, dt.datetime.now(dt.UTC))
+        scope = uuid.UUID(scope_id)
+        async with self._sessionmaker() as session:
+            if kind == "team":
+                return await spent_since(session, team_id=scope, since=since)
+            return await spent_since(session, key_id=scope, since=since)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.crc import key_slot
 
-from gateway.limits import ADMIT_LUA, SETTLE_LUA, format_reset
+from gateway.auth import ApiKeyRecord, TeamLimits
+from gateway.limits import ADMIT_LUA, SETTLE_LUA, RateLimiter, format_reset
 
 
 @pytest.fixture
@@ -19,7 +22,15 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 
 def _keys(tag: str) -> list[str]:
-    return [f"{tag}:r:1", f"{tag}:r:0", f"{tag}:t:1", f"{tag}:t:0", f"{tag}:slots", f"{tag}:b"]
+    return [
+        f"{tag}:r:1",
+        f"{tag}:r:0",
+        f"{tag}:t:1",
+        f"{tag}:t:0",
+        f"{tag}:slots",
+        f"{tag}:b",
+        f"{tag}:m",
+    ]
 
 
 async def _admit(
@@ -34,9 +45,14 @@ async def _admit(
     budget: int = -1,
     request_id: str = "r",
 ) -> list[int]:
+    """One scope; answers like before: code, retry, then its four header numbers."""
+    if budget >= 0 and not await redis.exists(keys[5]):
+        await redis.set(keys[5], 0)
     window_start = 60.0
-    args = [window_start + elapsed, window_start, 60, rpm, tpm, cost, parallel, budget]
-    return await redis.eval(ADMIT_LUA, len(keys), *keys, *args, request_id, 30, 3600)  # type: ignore[no-any-return]
+    args = [window_start + elapsed, window_start, 60, cost, 0, request_id, 30, 1]
+    args += [rpm, tpm, parallel, budget, -1, 3600]
+    code, _, retry, _, *headers = await redis.eval(ADMIT_LUA, len(keys), *keys, *args)
+    return [code, retry, *headers]
 
 
 async def test_sliding_window_weights_the_previous_minute(redis: Redis) -> None:
@@ -69,7 +85,7 @@ async def test_tokens_budget_and_slots_book_together_or_not_at_all(redis: Redis)
     assert int(await redis.get(keys[5])) == 60
     assert await redis.zcard(keys[4]) == 1
     # Settling "a" at 15 real tokens gives back 45 and its slot.
-    await redis.eval(SETTLE_LUA, 3, keys[2], keys[5], keys[4], 15 - 60, "a")
+    await redis.eval(SETTLE_LUA, 4, keys[2], keys[5], keys[6], keys[4], 15 - 60, 0, "a")
     assert int(await redis.get(keys[2])) == 15
     assert int(await redis.get(keys[5])) == 15
     assert await redis.zcard(keys[4]) == 0
@@ -97,3 +113,38 @@ def test_reset_durations_read_like_openai() -> None:
         "1m0s",
         "1m12.25s",
     ]
+
+
+def test_a_team_keys_counters_and_the_teams_share_one_cluster_slot(redis: Redis) -> None:
+    team = TeamLimits(
+        id=str(uuid.uuid4()),
+        name="t",
+        allowed_models=[],
+        rpm_limit=10,
+        tpm_limit=100,
+        max_parallel_requests=2,
+        token_budget=1000,
+        max_budget_micros=5000,
+        budget_period="day",
+    )
+    key = ApiKeyRecord(
+        id=str(uuid.uuid4()),
+        name="k",
+        allowed_models=[],
+        rpm_limit=5,
+        tpm_limit=None,
+        max_parallel_requests=None,
+        token_budget=None,
+        budget_period=None,
+        expires_at=None,
+        revoked=False,
+        metadata={},
+        max_budget_micros=100,
+        team=team,
+    )
+    keys, _ = RateLimiter(redis, slot_ttl_s=1)._admission_call(key, "r", 10, 20, time.time())
+    assert len(keys) == 14
+    assert len({key_slot(name.encode()) for name in keys}) == 1
+    assert all(name.startswith(f"sg:rl:{{{team.id}}}:") for name in keys)
+    assert keys[6].startswith(f"sg:rl:{{{team.id}}}:k:{key.id}:m:")
+    assert keys[13].startswith(f"sg:rl:{{{team.id}}}:team:m:")

@@ -16,7 +16,14 @@ from gateway.db.migrate import downgrade, upgrade
 from gateway.db.models import metadata
 from gateway.db.session import create_engine
 
-TABLES = {"api_keys", "usage_records", "usage_daily"}
+TABLES = {
+    "api_keys",
+    "usage_records",
+    "usage_daily",
+    "teams",
+    "model_prices",
+    "audit_log",
+}
 
 
 def _inspect_sync(connection: Connection) -> tuple[set[str], list[object]]:
