@@ -207,6 +207,7 @@ async def test_rotation_grace_is_honoured_on_every_replica(
         assert await _status(first, old) == 200 and await _status(second, old) == 200
 
         grace_s = 2
+        asked_at = time.monotonic()
         rotated = await _ok(
             await first.post(
                 f"/admin/keys/{key['id']}/rotate", json={"grace_seconds": grace_s}, headers=master
@@ -224,7 +225,7 @@ async def test_rotation_grace_is_honoured_on_every_replica(
         for replica in (first, second):
             await _until(lambda replica=replica: _is(replica, old, 401), grace_s + 5)
             assert await _status(replica, new) == 200
-        assert time.monotonic() - rotated_at >= grace_s
+        assert time.monotonic() - asked_at >= grace_s
 
         # Without a grace period the replaced secret stops at once, everywhere.
         again = await _ok(await second.post(f"/admin/keys/{key['id']}/rotate", headers=master))
