@@ -54,6 +54,27 @@ _UNITS = {
 }
 
 
+def _first(config: dict[str, Any], *names: str) -> Any:
+    """The first of ``names`` the config sets: transformers' classes spell the same field
+    differently (``num_hidden_layers``, GPT-2's ``n_layer``, Falcon's ``num_kv_heads``...)."""
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    return None
+
+
+def _layer_windows(config: dict[str, Any], num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's sliding window (None: full attention), as transformers assigns them:
+    per ``layer_types`` when the config lists them, else one window for every layer."""
+    window = config.get("sliding_window")
+    if not window or config.get("use_sliding_window") is False:
+        return (None,) * num_layers
+    layer_types = config.get("layer_types")
+    if layer_types:
+        return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    return (int(window),) * num_layers
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The config fields that decide parameter count and KV size."""
@@ -69,39 +90,62 @@ class ModelShape:
     tie_word_embeddings: bool
     attention_bias: bool
     mlp_bias: bool
+    # Per layer; the block pool still keeps every layer's whole context (windowed layers
+    # mask what they do not see), so windows do not shrink KV per token.
+    layer_windows: tuple[int | None, ...] = ()
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelShape:
+        """Any decoder config transformers writes; multimodal ones by their ``text_config``."""
         model_type = config.get("model_type") or next(
             (
                 _ARCHITECTURE_TO_TYPE[a]
                 for a in config.get("architectures", [])
                 if a in _ARCHITECTURE_TO_TYPE
             ),
-            None,
+            "",
         )
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        text = {**config, **(config.get("text_config") or {})}
+        hidden = _first(text, "hidden_size", "n_embd", "d_model")
+        heads = _first(text, "num_attention_heads", "n_head", "num_heads")
+        layers = _first(text, "num_hidden_layers", "n_layer", "num_layers")
+        if hidden is None or heads is None or layers is None:
             raise ValueError(
-                f"unsupported model type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+                "config lacks the attention shape (hidden size, attention heads, layers)"
             )
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
+        heads, layers = int(heads), int(layers)
+        kv_heads = _first(text, "num_key_value_heads", "num_kv_heads", "n_head_kv")
+        if kv_heads is None and text.get("multi_query"):
+            kv_heads = 1
+        intermediate = _first(text, "intermediate_size", "n_inner", "ffn_dim")
         return cls(
             model_type=model_type,
-            num_layers=int(config["num_hidden_layers"]),
-            hidden_size=hidden,
+            num_layers=layers,
+            hidden_size=int(hidden),
             num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate_size=int(config["intermediate_size"]),
-            vocab_size=int(config["vocab_size"]),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            num_kv_heads=int(kv_heads or heads),
+            head_dim=int(text.get("head_dim") or int(hidden) // heads),
+            intermediate_size=int(intermediate or 4 * int(hidden)),
+            vocab_size=int(text.get("vocab_size") or 0),
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; Llama-family configs may opt in.
-            attention_bias=bool(config.get("attention_bias", False)),
-            mlp_bias=bool(config.get("mlp_bias", False)),
+            attention_bias=bool(text.get("attention_bias", False)),
+            mlp_bias=bool(text.get("mlp_bias", False)),
+            layer_windows=_layer_windows(text, layers),
         )
 
+    @property
+    def has_parameter_formula(self) -> bool:
+        return self.model_type in SUPPORTED_MODEL_TYPES
+
     def parameter_count(self) -> int:
+        """Exact for the native families (Llama, Mistral, Qwen2, Qwen3) only."""
+        if not self.has_parameter_formula:
+            raise ValueError(
+                f"no parameter formula for model type {self.model_type!r} (one exists for "
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}); pass its model folder, whose "
+                "*.safetensors headers give the exact count"
+            )
         hidden, head_dim = self.hidden_size, self.head_dim
         q_size = self.num_heads * head_dim
         kv_size = self.num_kv_heads * head_dim
@@ -169,6 +213,10 @@ class CapacityPlan:
         ratio = self.paged_vs_reserved_ratio
         return {
             "model_type": self.shape.model_type,
+            "num_layers": self.shape.num_layers,
+            "num_kv_heads": self.shape.num_kv_heads,
+            "head_dim": self.shape.head_dim,
+            "sliding_windows": list(self.shape.layer_windows),
             "dtype": self.dtype,
             "kv_dtype": self.kv_dtype,
             "gpu_memory_bytes": self.gpu_memory_bytes,
@@ -197,7 +245,10 @@ def plan_capacity(
     block_size: int = 16,
     dtype: str = "bfloat16",
     kv_dtype: str | None = None,
+    param_count: int | None = None,
 ) -> CapacityPlan:
+    """``param_count`` (e.g. from ``checkpoint_param_count``) is needed for model types
+    without a parameter formula; the KV side is read from any decoder config."""
     kv_dtype = kv_dtype or dtype
     for name in (dtype, kv_dtype):
         if name not in DTYPE_BYTES:
@@ -207,7 +258,8 @@ def plan_capacity(
     if min(avg_tokens, block_size, *reserves) < 1:
         raise ValueError("token counts and block size must be >= 1")
     shape = ModelShape.from_config(config)
-    param_count = shape.parameter_count()
+    if param_count is None:
+        param_count = shape.parameter_count()
     weight_bytes = param_count * DTYPE_BYTES[dtype]
     # Rounded to whole bytes: 80 GB x 0.9 is 72e9, not 72e9 minus a float's error.
     kv_budget = round(gpu_memory_bytes * utilization) - weight_bytes
@@ -241,6 +293,28 @@ def parse_size(text: str) -> int:
     if match is None or unit not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 80GB, 141GB, 24GiB)")
     return round(float(match.group(1)) * _UNITS[unit])
+
+
+def checkpoint_param_count(path: str | Path) -> int | None:
+    """Parameters stored in a model folder's ``*.safetensors``, read from the files' JSON
+    headers alone (8-byte little-endian length, then the header); None without weights."""
+    folder = Path(path)
+    folder = folder if folder.is_dir() else folder.parent
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with file.open("rb") as handle:
+            length = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(length))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                count = 1
+                for size in entry["shape"]:
+                    count *= size
+                total += count
+    return total
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
@@ -288,6 +362,14 @@ def format_plan(plan: CapacityPlan) -> str:
         f"  paged (on demand): {plan.max_seqs_paged:,} sequences paged at "
         f"{plan.avg_tokens:,} tokens on average"
     )
+    windows = sorted({w for w in shape.layer_windows if w})
+    if windows:
+        windowed = sum(1 for w in shape.layer_windows if w)
+        lines.append(
+            f"Sliding windows: {windowed} of {shape.num_layers} layers attend to the last "
+            f"{', '.join(f'{w:,}' for w in windows)} tokens (the block pool keeps every layer's "
+            "full context, so KV per token is unchanged)"
+        )
     ratio = plan.paged_vs_reserved_ratio
     ratio_text = "n/a (no sequence fits the reservation)" if ratio is None else f"{ratio:.1f}x"
     lines.append(f"Paged vs reserved {plan.smallest_reserve:,}: ratio {ratio_text}")
@@ -320,8 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        config = load_config(args.config)
+        shape = ModelShape.from_config(config)
         plan = plan_capacity(
-            load_config(args.config),
+            config,
+            param_count=None
+            if shape.has_parameter_formula
+            else checkpoint_param_count(args.config),
             gpu_memory_bytes=args.gpu_memory,
             utilization=args.utilization,
             avg_tokens=args.avg_tokens,

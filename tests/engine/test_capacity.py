@@ -112,7 +112,7 @@ def test_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "no config.json" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps({**LLAMA_31_8B, "model_type": "gpt2"}))
     assert main(["--config", str(tmp_path)]) == 2
-    assert "supported: llama, mistral, qwen2, qwen3" in capsys.readouterr().err
+    assert "no parameter formula for model type 'gpt2'" in capsys.readouterr().err
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_31_8B))
     assert main(["--config", str(tmp_path), "--gpu-memory", "16GB"]) == 2
     assert "leave no KV budget" in capsys.readouterr().err

@@ -19,6 +19,7 @@ import transformers
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
+from engine.capacity import main as capacity_main
 from engine.models import UnsupportedModelError, load_model
 from engine.models.transformers_backend import TransformersCausalLM
 from engine.models.windowed_attention import windowed_paged_attention
@@ -188,6 +189,26 @@ def test_transformers_impl_matches_native(kind: str, model_dirs: dict[str, Path]
     assert not isinstance(native.engine.model, TransformersCausalLM)
     assert isinstance(ported.engine.model, TransformersCausalLM)
     assert generated(ported, prompts()) == generated(native, prompts())
+
+
+@pytest.mark.parametrize("kind", ARCHITECTURES)
+def test_capacity_and_kv_sizing_read_the_shape_generically(
+    kind: str, hf_dirs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = load_model(hf_dirs[kind], torch.device("cpu"))
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dirs[kind])
+    assert capacity_main(["--config", str(hf_dirs[kind]), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    config = model.config
+    assert plan["num_layers"] == config.num_hidden_layers == hf_model.config.num_hidden_layers
+    assert plan["num_kv_heads"] == config.num_key_value_heads
+    assert plan["head_dim"] == config.head_dim
+    assert plan["kv_bytes_per_token"] == 2 * config.num_hidden_layers * (
+        config.num_key_value_heads * config.head_dim * 2  # bfloat16, the planner's default
+    )
+    # Parameters come from the checkpoint's headers (no formula for these families).
+    assert plan["param_count"] == sum(p.numel() for p in hf_model.parameters())
+    assert plan["sliding_windows"] == {"gemma2": [GEMMA2_WINDOW, None]}.get(kind, [None, None])
 
 
 def test_windowed_attention_without_window_or_cap_is_the_reference() -> None:
