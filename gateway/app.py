@@ -12,6 +12,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from litestar import Litestar
+from litestar import Router as HttpRouter
+from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import Message, Scope
@@ -23,7 +25,8 @@ from gateway.api.admin import ADMIN_CONTROLLERS
 from gateway.api.health import HealthController
 from gateway.api.key_info import KeyInfoController
 from gateway.api.openai import OpenAIController, Services, new_request_id, request_state
-from gateway.auth import KeyCache
+from gateway.auth import KeyCache, admin_guard
+from gateway.body import check_body
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import DatabaseSpend
 from gateway.errors import EXCEPTION_HANDLERS
@@ -31,7 +34,7 @@ from gateway.limits import RateLimiter
 from gateway.pricing import PriceBook, prices_from_config
 from gateway.routing import Router
 from gateway.settings import Settings
-from gateway.telemetry import metrics_endpoint, setup_tracing
+from gateway.telemetry import metrics_endpoint, serve_metrics, setup_tracing
 from gateway.usage import UsageFlusher, UsageRecorder
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 redis=redis,
             ),
         )
+        metrics_server = serve_metrics(settings) if settings.metrics_port else None
         try:
             await limiter.load()
         except RedisError as exc:
@@ -126,24 +130,54 @@ def create_app(settings: Settings | None = None) -> Litestar:
             await db_engine.dispose()
             await redis_pubsub.aclose()
             await redis.aclose()
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
 
+    # /metrics on its own port when one is set; else on this one, for the admin key only.
+    metrics = (
+        []
+        if settings.metrics_port
+        else [HttpRouter("/", route_handlers=[metrics_endpoint], guards=[admin_guard])]
+    )
     return Litestar(
         route_handlers=[
             OpenAIController,
             KeyInfoController,
             *ADMIN_CONTROLLERS,
             HealthController,
-            metrics_endpoint,
+            *metrics,
         ],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
+        before_request=check_body,
         before_send=[_stamp_response],
         request_max_body_size=settings.max_body_bytes,
+        cors_config=_cors(settings),
         openapi_config=OpenAPIConfig(
             title="Sluicegate",
             version="0.1.0",
             description="OpenAI-compatible gateway in front of Sluicegate engines and upstreams.",
             path="/schema",
+            openapi_router=HttpRouter(
+                "/schema",
+                route_handlers=[],
+                guards=[] if settings.expose_schema else [admin_guard],
+                include_in_schema=False,
+            ),
         ),
         state=State({"settings": settings}),
+    )
+
+
+def _cors(settings: Settings) -> CORSConfig | None:
+    origins = [o.strip() for o in settings.cors_allow_origins.split(",") if o.strip()]
+    if not origins:
+        return None
+    return CORSConfig(
+        allow_origins=origins,
+        allow_methods=["GET", "POST", "PATCH", "DELETE", "OPTIONS"],
+        allow_headers=["authorization", "content-type", "x-request-id", "traceparent"],
+        expose_headers=["x-request-id", "retry-after", "x-ratelimit-remaining-requests"],
+        max_age=600,
     )

@@ -50,6 +50,17 @@ class Settings:
     config: str = ""
     """Path to the routing YAML (public model names -> deployments)."""
     max_body_bytes: int = 4 * 1024 * 1024
+    """Largest request body, however it is framed (Content-Length or chunked)."""
+    max_json_depth: int = 128
+    """Deepest nesting of arrays/objects a JSON body may have (0 = no limit)."""
+    expose_schema: bool = False
+    """Serve the OpenAPI schema and its docs under /schema to everyone; else admin key only."""
+    metrics_port: int = 0
+    """> 0: serve /metrics (no auth) on this port only; 0: /metrics on the API port, admin key
+    required."""
+    metrics_host: str = "0.0.0.0"
+    cors_allow_origins: str = ""
+    """Comma-separated origins browsers may call from (``*`` for any); empty = no CORS."""
     request_timeout_s: float = 600.0
     """Deadline of one generation request, first byte to last token."""
     first_token_timeout_s: float = 60.0

@@ -12,9 +12,11 @@ conventions — never a span per streamed chunk, and prompts only with
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from litestar import Response, get
 from opentelemetry import propagate, trace
@@ -27,9 +29,13 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    start_http_server,
 )
 
 from engine.tracing import setup_otlp_tracing
+from gateway.settings import Settings
+
+logger = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -108,6 +114,23 @@ def model_metrics(model: str) -> ModelMetrics:
 @get("/metrics", include_in_schema=False, sync_to_thread=False)
 def metrics_endpoint() -> Response[bytes]:
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def serve_metrics(settings: Settings) -> WSGIServer | None:
+    """``/metrics`` on ``settings.metrics_port`` (no auth: keep the port off the public
+    network); None, logged, when the port is taken (e.g. by another worker process)."""
+    try:
+        server, _ = start_http_server(
+            settings.metrics_port, addr=settings.metrics_host, registry=REGISTRY
+        )
+    except OSError as exc:
+        logger.warning(
+            "metrics port %d unavailable (%s); set SLUICEGATE_METRICS_PORT to a free one",
+            settings.metrics_port,
+            exc,
+        )
+        return None
+    return server
 
 
 # ---- tracing ---------------------------------------------------------------------------------

@@ -263,6 +263,8 @@ def run(args: argparse.Namespace, stack: Stack) -> int:
         SLUICEGATE_MASTER_KEY=master_key,
         PYTHONUNBUFFERED="1",
     )
+    # One machine, one person: the API docs at /schema are open unless told otherwise.
+    env.setdefault("SLUICEGATE_EXPOSE_SCHEMA", "true")
 
     model_path = args.model
     served_name = args.served_model_name

@@ -228,7 +228,12 @@ def test_probes_and_engine_readiness_after_model_load(required_manifests: list[M
     gateway = pod_spec(one(required_manifests, "Deployment", GATEWAY))["containers"][0]
     assert gateway["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
     assert gateway["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "http"}
-    assert gateway["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert gateway["ports"] == [
+        {"name": "http", "containerPort": 8000, "protocol": "TCP"},
+        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+    ]
+    env = {e["name"]: e.get("value") for e in gateway["env"]}
+    assert env["SLUICEGATE_METRICS_PORT"] == "9090"
 
     engine = pod_spec(one(required_manifests, "Deployment", ENGINE))["containers"][0]
     assert engine["readinessProbe"]["httpGet"] == {"path": "/health/ready", "port": "metrics"}

@@ -313,6 +313,7 @@ def tools() -> SimpleNamespace:
         model_name=model_name,
         free_port=free_port,
         create_key=create_key,
+        admin_headers={"Authorization": f"Bearer {MASTER_KEY}"},
         new_database=new_database,
         base_env=base_env,
         spawn=spawn,

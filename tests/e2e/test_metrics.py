@@ -21,8 +21,10 @@ BLOCK_SIZE = 16
 class Scrape:
     """One ``/metrics`` exposition, read by sample name and labels."""
 
-    def __init__(self, url: str) -> None:
-        text = httpx.get(url, timeout=5).text
+    def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
+        response = httpx.get(url, headers=headers, timeout=5)
+        assert response.status_code == 200, response.text
+        text = response.text
         self.samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
@@ -42,6 +44,7 @@ def served(cluster: Any, gateway: Any, redis_url: str, tools: SimpleNamespace) -
         model=name,
         gateway=gateway,
         gateway_metrics=f"{gateway.base_url}/metrics",
+        admin_headers=tools.admin_headers,
         worker_metrics=f"http://127.0.0.1:{worker.port}/metrics",
     )
 
@@ -58,7 +61,7 @@ def test_gateway_and_worker_counters_move_by_the_traffic(
     messages = [{"role": "user", "content": PROMPT}]
     prompt_tokens = len(Tokenizer(tiny_model_dir).apply_chat_template(messages))
     assert prompt_tokens > BLOCK_SIZE
-    gateway_before = Scrape(served.gateway_metrics)
+    gateway_before = Scrape(served.gateway_metrics, served.admin_headers)
     worker_before = Scrape(served.worker_metrics)
 
     client = served.gateway.openai(max_retries=0, timeout=60)
@@ -83,12 +86,12 @@ def test_gateway_and_worker_counters_move_by_the_traffic(
     # A stream's metrics are counted as it settles, just after its last byte.
     tools.wait_until(
         lambda: (
-            Scrape(served.gateway_metrics)("sluicegate_requests_total", **model, status="ok") == 2
+            Scrape(served.gateway_metrics, served.admin_headers)("sluicegate_requests_total", **model, status="ok") == 2
         ),
         5,
         "the streamed request to be counted",
     )
-    gateway = Scrape(served.gateway_metrics)
+    gateway = Scrape(served.gateway_metrics, served.admin_headers)
     assert gateway("sluicegate_requests_total", **model, status="ok") == 2
     assert gateway("sluicegate_requests_total", **model, status="error") == 0
     assert gateway("sluicegate_tokens_total", **model, kind="prompt") == 2 * prompt_tokens
@@ -130,11 +133,11 @@ def test_rate_limited_request_counts_one_rejection(
         base_url=f"{served.gateway.base_url}/v1", api_key=key, max_retries=0, timeout=60
     )
     messages = [{"role": "user", "content": "hi"}]
-    before = Scrape(served.gateway_metrics)
+    before = Scrape(served.gateway_metrics, served.admin_headers)
     client.chat.completions.create(model=served.model, messages=messages, **_greedy(2))
     with pytest.raises(openai.RateLimitError):
         client.chat.completions.create(model=served.model, messages=messages, **_greedy(2))
-    after = Scrape(served.gateway_metrics)
+    after = Scrape(served.gateway_metrics, served.admin_headers)
     rejected = "sluicegate_rejections_total"
     assert (
         after(rejected, reason="rate_limit_requests")

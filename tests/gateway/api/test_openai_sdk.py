@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+from gateway.settings import Settings
+
 RESET = re.compile(r"^(\d+ms|(\d+m)?[\d.]+s)$")
 HELLO = [{"role": "user", "content": "hello world"}]
 """Upstream counts 3 prompt tokens; the gateway estimates ceil(11/3) + 4 = 8."""
@@ -187,7 +189,9 @@ def test_context_length_exceeded_maps_from_the_upstream(
     assert (event.status, event.prompt_tokens, event.completion_tokens) == ("error", 0, 0)
 
 
-def test_requests_per_minute_limit(gateway: str, make_key: Callable[..., str]) -> None:
+def test_requests_per_minute_limit(
+    gateway: str, make_key: Callable[..., str], api_settings: Settings
+) -> None:
     client = sdk(gateway, make_key(rpm_limit=2))
     for _ in range(2):
         client.chat.completions.create(model="echo", messages=HELLO, max_tokens=1)
@@ -197,7 +201,8 @@ def test_requests_per_minute_limit(gateway: str, make_key: Callable[..., str]) -
     assert (error.code, error.body["type"]) == ("rate_limit_exceeded", "requests")  # type: ignore[index]
     assert int(error.response.headers["retry-after"]) >= 1
     assert error.response.headers["x-ratelimit-remaining-requests"] == "0"
-    metrics = httpx.get(f"{gateway}/metrics").text
+    admin = {"authorization": f"Bearer {api_settings.master_key}"}
+    metrics = httpx.get(f"{gateway}/metrics", headers=admin).text
     assert 'sluicegate_rejections_total{reason="rate_limit_requests"}' in metrics
 
 
@@ -246,10 +251,13 @@ def test_every_response_carries_a_request_id(gateway: str) -> None:
     assert httpx.get(f"{gateway}/nowhere").json()["error"]["type"] == "invalid_request_error"
 
 
-def test_openapi_and_metrics(gateway: str, make_key: Callable[..., str]) -> None:
+def test_openapi_and_metrics(
+    gateway: str, make_key: Callable[..., str], api_settings: Settings
+) -> None:
     sdk(gateway, make_key()).chat.completions.create(model="echo", messages=HELLO)
-    schema = httpx.get(f"{gateway}/schema/openapi.json").json()
+    admin = {"authorization": f"Bearer {api_settings.master_key}"}
+    schema = httpx.get(f"{gateway}/schema/openapi.json", headers=admin).json()
     assert {"/v1/chat/completions", "/v1/completions", "/v1/models"} <= set(schema["paths"])
-    metrics = httpx.get(f"{gateway}/metrics").text
+    metrics = httpx.get(f"{gateway}/metrics", headers=admin).text
     assert 'sluicegate_requests_total{model="echo",status="ok"}' in metrics
     assert "sluicegate_added_latency_seconds_bucket" in metrics
