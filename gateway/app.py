@@ -22,10 +22,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from gateway.api.admin import ADMIN_CONTROLLERS
+from gateway.api.admin.guards import admin_guard, master_guard
 from gateway.api.health import HealthController
 from gateway.api.key_info import KeyInfoController
 from gateway.api.openai import OpenAIController, Services, new_request_id, request_state
-from gateway.auth import KeyCache, admin_guard
+from gateway.auth import KeyCache
 from gateway.body import check_body
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import DatabaseSpend
@@ -39,6 +40,7 @@ from gateway.usage import UsageFlusher, UsageRecorder
 
 logger = logging.getLogger(__name__)
 
+MASTER_ONLY = [admin_guard, master_guard]
 REDIS_CONNECT_TIMEOUT_S = 1.0
 REDIS_COMMAND_TIMEOUT_S = 5.0
 """Bounds every request-path Redis call, so a hung Redis becomes a prompt 503."""
@@ -138,7 +140,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     metrics = (
         []
         if settings.metrics_port
-        else [HttpRouter("/", route_handlers=[metrics_endpoint], guards=[admin_guard])]
+        else [HttpRouter("/", route_handlers=[metrics_endpoint], guards=MASTER_ONLY)]
     )
     return Litestar(
         route_handlers=[
@@ -162,7 +164,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             openapi_router=HttpRouter(
                 "/schema",
                 route_handlers=[],
-                guards=[] if settings.expose_schema else [admin_guard],
+                guards=[] if settings.expose_schema else MASTER_ONLY,
                 include_in_schema=False,
             ),
         ),
