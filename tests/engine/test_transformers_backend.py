@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine import LLM, SamplingParams
 from engine.capacity import main as capacity_main
@@ -24,13 +24,26 @@ from engine.models import UnsupportedModelError, load_model
 from engine.models.transformers_backend import TransformersCausalLM
 from engine.models.windowed_attention import windowed_paged_attention
 from kernels import reference
-from tests.engine.conftest import _COMMON, build_tokenizer
 
 NEW_TOKENS = 32
 MAX_TOKEN_ID = 256
 PROMPT_LENGTHS = [1, 3, 7, 16, 17, 31, 64, 100, 150, 255]
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
 GEMMA2_WINDOW = 24
+# The shape of conftest's tiny models (a conftest is not importable under importlib mode).
+_COMMON = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    initializer_range=0.3,
+    bos_token_id=0,
+    eos_token_id=1,
+    pad_token_id=2,
+)
 
 
 def _phi3() -> torch.nn.Module:
@@ -76,7 +89,12 @@ ARCHITECTURES = list(BUILDERS)
 
 
 @pytest.fixture(scope="module")
-def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def hf_dirs(
+    tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Path]
+) -> dict[str, Path]:
+    """Each architecture saved with the trained tokenizer (and chat template) of conftest's
+    tiny models."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dirs["llama"])
     root = tmp_path_factory.mktemp("transformers-backend")
     folders = {}
     for kind, build in BUILDERS.items():
@@ -87,7 +105,7 @@ def hf_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 if name.endswith("bias"):
                     param.normal_(0, 0.3)
         model.save_pretrained(root / kind)
-        build_tokenizer().save_pretrained(root / kind)
+        tokenizer.save_pretrained(root / kind)
         folders[kind] = root / kind
     return folders
 
@@ -163,7 +181,7 @@ def test_chat_turn_matches_transformers(kind: str, hf_dirs: dict[str, Path]) -> 
         {"role": "system", "content": "Paged attention stores keys and values in blocks."},
         {"role": "user", "content": "What is the capital of France?"},
     ]
-    tokenizer = build_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(hf_dirs[kind])
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt = tokenizer.encode(text, add_special_tokens=False)
     llm = LLM(str(hf_dirs[kind]), num_kv_blocks=64, dtype="float32")
