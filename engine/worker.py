@@ -112,11 +112,16 @@ class Worker:
         """Generated tokens by whole second, for the heartbeat's tokens/s over the last 5 s."""
         self._expired_at: dict[str, float] = {}
         """When each reply stream's TTL was last refreshed."""
+        self._unacked: dict[tuple[str, bytes], None] = {}
+        """Entries answered (or dropped) whose XACK is not written yet: still vouched for, or
+        another worker would take over a request this one already answered."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.liveness = LivenessThread(
             options.redis_url,
             model,
             options.worker_id,
             self._in_flight_entries,
+            self._entries_taken_over,
             interval_s=options.heartbeat_interval_s,
             ttl_s=options.heartbeat_ttl_s,
         )
@@ -124,6 +129,7 @@ class Worker:
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
+        self._loop = asyncio.get_running_loop()
         await self._ensure_groups()
         await self._heartbeat_once()
         self.liveness.beat()
@@ -332,6 +338,12 @@ class Worker:
             return
         rid = message.request_id
         if rid in self.in_flight:
+            if (self.in_flight[rid].stream, self.in_flight[rid].entry_id) != (stream, entry_id):
+                # A second entry of a request already being served here (a gateway's retried
+                # XADD): acknowledged unserved, or another worker would later take it over
+                # and fail the live stream with worker_lost.
+                logger.warning("dropping duplicate entry %s of request %s", entry_id, rid)
+                self._ack_now(stream, entry_id)
             return
         item = _InFlight(message, stream, entry_id, time.monotonic())
         if rid in self._recent_cancels:
@@ -458,6 +470,7 @@ class Worker:
         self.in_flight.pop(item.request.request_id, None)
         self.metrics.prompt_tokens.inc(item.prompt_tokens)
         self.metrics.e2e_request_latency.observe(time.monotonic() - item.pulled_at)
+        self._unacked[(item.stream, item.entry_id)] = None
         self._writes.put_nowait(
             _Write(
                 item.request.reply_key(),
@@ -477,6 +490,7 @@ class Worker:
             usage=protocol.Usage(item.prompt_tokens, item.completion_tokens),
             worker_id=self.options.worker_id,
         )
+        self._unacked[(item.stream, item.entry_id)] = None
         self._writes.put_nowait(
             _Write(
                 item.request.reply_key(),
@@ -488,6 +502,7 @@ class Worker:
         )
 
     def _ack_now(self, stream: str, entry_id: bytes) -> None:
+        self._unacked[(stream, entry_id)] = None
         self._writes.put_nowait(_Write("", None, False, None, (stream, entry_id)))
 
     # ---- writing ---------------------------------------------------------------------------
@@ -542,6 +557,9 @@ class Worker:
                 pipe.xack(stream, protocol.REQUEST_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
         await pipe.execute()
+        for write in batch:
+            if write.ack:
+                self._unacked.pop(write.ack, None)
         for reply_to in refreshed:
             self._expired_at[reply_to] = now
 
@@ -632,8 +650,27 @@ class Worker:
         self.liveness.publish(self.heartbeat())
 
     def _in_flight_entries(self) -> list[tuple[str, bytes]]:
-        # Called from the liveness thread: list() copies the values atomically under the GIL.
-        return [(item.stream, item.entry_id) for item in list(self.in_flight.values())]
+        # Called from the liveness thread: list() copies atomically under the GIL.
+        serving = [(item.stream, item.entry_id) for item in list(self.in_flight.values())]
+        return serving + list(self._unacked)
+
+    def _entries_taken_over(self, stream: str, entry_ids: list[bytes]) -> None:
+        """From the liveness thread: another worker owns these entries now."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop_serving, stream, set(entry_ids))
+
+    def _stop_serving(self, stream: str, entry_ids: set[bytes]) -> None:
+        """Stop, silently, the requests another worker took over: it answers them now (as a
+        resumption when text was already shown), and two writers would garble the stream."""
+        for item in list(self.in_flight.values()):
+            if item.stream == stream and item.entry_id in entry_ids:
+                rid = item.request.request_id
+                logger.warning("request %s was taken over by another worker; stopping it", rid)
+                self.in_flight.pop(rid, None)
+                with contextlib.suppress(Exception):
+                    self.engine.abort(rid)
+                if item.task is not None:
+                    item.task.cancel()
 
 
 class _Backoff:

@@ -6,6 +6,10 @@ was busy": a long prefill step may block the loop for seconds. So a thread with 
 connection refreshes the heartbeat key (the latest snapshot the loop published) and re-claims
 the in-flight entries (resetting their idle time) every interval. If the loop stops publishing
 snapshots for ``stale_after_s``, the thread stops vouching for it: a hung worker is not alive.
+
+Re-claiming is conditional: an entry another worker has meanwhile taken over (this one was
+presumed dead, say through a network partition) stays with that worker, and ``on_lost`` tells
+this one to stop serving it, so a request is never served twice or pulled back and forth.
 """
 
 from __future__ import annotations
@@ -13,13 +17,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import redis
 
 from engine import protocol
 
 logger = logging.getLogger("sluicegate.worker")
+
+RECLAIM_OWN = """
+-- KEYS[1] a request stream; ARGV: group, this consumer, entry ids it serves.
+-- Resets the idle time of the entries still pending for this consumer and returns the ids
+-- of those another consumer owns now (acknowledged or unknown entries are left alone).
+local taken = {}
+for i = 3, #ARGV do
+    local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)[1]
+    if pending then
+        if pending[2] == ARGV[2] then
+            redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+        else
+            taken[#taken + 1] = ARGV[i]
+        end
+    end
+end
+return taken
+"""
 
 
 class LivenessThread(threading.Thread):
@@ -29,6 +51,7 @@ class LivenessThread(threading.Thread):
         model: str,
         worker_id: str,
         in_flight_entries: Callable[[], list[tuple[str, bytes]]],
+        on_lost: Callable[[str, list[bytes]], None] | None = None,
         interval_s: float = 1.0,
         ttl_s: float = 3.0,
         stale_after_s: float = 60.0,
@@ -40,6 +63,9 @@ class LivenessThread(threading.Thread):
         self.model = model
         self.worker_id = worker_id
         self.in_flight_entries = in_flight_entries
+        self.on_lost = on_lost
+        """Called (from this thread) with entries another worker took over from this one."""
+        self._reclaim = self.client.register_script(RECLAIM_OWN)
         self.interval_s = interval_s
         self.ttl_ms = int(ttl_s * 1000)
         self.stale_after_s = stale_after_s
@@ -75,9 +101,20 @@ class LivenessThread(threading.Thread):
         for stream, entry_id in self.in_flight_entries():
             by_stream.setdefault(stream, []).append(entry_id)
         for stream, ids in by_stream.items():
-            pipe.xclaim(stream, protocol.REQUEST_GROUP, self.worker_id, 0, ids, justid=True)
-        # A lost group (Redis restarted empty) fails XCLAIM; the pull loop recreates it.
-        pipe.execute(raise_on_error=False)
+            self._reclaim([stream], [protocol.REQUEST_GROUP, self.worker_id, *ids], client=pipe)
+        # A lost group (Redis restarted empty) fails the script; the pull loop recreates it.
+        results = pipe.execute(raise_on_error=False)
+        self._report_lost(zip(by_stream, results[2:], strict=True))
+
+    def _report_lost(self, results: Iterable[tuple[str, object]]) -> None:
+        for stream, taken in results:
+            if isinstance(taken, list) and taken and self.on_lost is not None:
+                logger.warning(
+                    "%d entries on %s were taken over by another worker", len(taken), stream
+                )
+                self.on_lost(
+                    stream, [t if isinstance(t, bytes) else str(t).encode() for t in taken]
+                )
 
     def run(self) -> None:
         failing = False
