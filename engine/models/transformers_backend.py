@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,17 +68,18 @@ class _ForwardContext:
     max_seq_len: int
 
 
-_context: _ForwardContext | None = None
+# A context variable rather than a global: two engines stepping in two threads each see
+# their own step's metadata.
+_context: ContextVar[_ForwardContext | None] = ContextVar("sluicegate_forward", default=None)
 
 
 @contextlib.contextmanager
 def _forward_context(context: _ForwardContext) -> Iterator[None]:
-    global _context
-    previous, _context = _context, context
+    token = _context.set(context)
     try:
         yield
     finally:
-        _context = previous
+        _context.reset(token)
 
 
 def paged_attention_forward(
@@ -94,7 +96,7 @@ def paged_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention signature: q/k/v are [1, heads, tokens, head_dim] (all of the
     step's requests packed into one row); returns [1, tokens, heads, head_dim]."""
-    context = _context
+    context = _context.get()
     if context is None:
         raise RuntimeError(
             f"{type(module).__name__} ran outside the engine's forward: the block pool is unset"

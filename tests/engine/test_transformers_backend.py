@@ -175,6 +175,41 @@ def test_greedy_matches_transformers_generate(
         assert stats["num_preemptions"] > 0
 
 
+@pytest.mark.parametrize("kind", ["gemma2", "gpt_neox"])
+def test_prefix_caching(kind: str, hf_dirs: dict[str, Path]) -> None:
+    """A second round of requests behind a shared 100-token prefix finds every full prompt
+    block cached (the first round is scheduled in one step, before any block is cached);
+    tokens stay transformers'."""
+    generator = torch.Generator().manual_seed(11)
+    prefix = torch.randint(3, MAX_TOKEN_ID, (100,), generator=generator).tolist()
+    shared = [
+        prefix + torch.randint(3, MAX_TOKEN_ID, (1 + 9 * i,), generator=generator).tolist()
+        for i in range(6)
+    ]
+    expected = transformers_greedy(hf_dirs[kind], shared)
+    llm = LLM(str(hf_dirs[kind]), num_kv_blocks=256, dtype="float32")
+    assert generated(llm, shared) == expected
+    first_round = llm.stats()["prefix_cache_hits"]
+    assert generated(llm, shared) == expected
+    assert llm.stats()["prefix_cache_hits"] - first_round >= 6 * 96
+
+
+def test_triton_kernels_under_the_transformers_backend(hf_dirs: dict[str, Path]) -> None:
+    """The CUDA path's kernels (interpreted on the CPU here), prefill chunks and decodes."""
+    short = [p[:40] for p in prompts()[:4]]
+    few = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    llm = LLM(
+        str(hf_dirs["phi3"]),
+        num_kv_blocks=64,
+        dtype="float32",
+        attention_backend="triton",
+        max_num_batched_tokens=24,
+    )
+    assert [o.token_ids for o in llm.generate(short, few)] == [
+        tokens[:6] for tokens in transformers_greedy(hf_dirs["phi3"], short)
+    ]
+
+
 @pytest.mark.parametrize("kind", ARCHITECTURES)
 def test_chat_turn_matches_transformers(kind: str, hf_dirs: dict[str, Path]) -> None:
     messages = [
