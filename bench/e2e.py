@@ -174,8 +174,7 @@ async def run_transport(
     without HTTP, so the report can tell the transport's cost from the HTTP layer's."""
     import redis.asyncio as aioredis
 
-    from engine.protocol import ChatMessage, Sampling
-    from gateway.providers.base import GenerationRequest
+    from gateway.canonical import ChatRequest, Sampling, text_message
     from gateway.providers.engine import EngineProvider
     from gateway.settings import Settings
 
@@ -187,11 +186,11 @@ async def run_transport(
 
     async def one(prompt: str) -> None:
         nonlocal tokens
-        request = GenerationRequest(
+        request = ChatRequest(
             request_id=uuid.uuid4().hex,
             model=model,
             sampling=Sampling(max_tokens=max_tokens, temperature=0, ignore_eos=True),
-            messages=[ChatMessage("user", prompt)],
+            messages=[text_message("user", prompt)],
         )
         async with limit:
             began = time.perf_counter()

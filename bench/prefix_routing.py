@@ -33,8 +33,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import httpx  # noqa: E402
 
 from engine.demo_model import create_demo_model  # noqa: E402
-from engine.protocol import ChatMessage, Sampling  # noqa: E402
-from gateway.providers.base import GenerationRequest  # noqa: E402
+from gateway.canonical import ChatRequest, Sampling, text_message  # noqa: E402
 from gateway.providers.engine import EngineProvider  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.up import Stack, free_port  # noqa: E402
@@ -79,11 +78,11 @@ async def drive(
     limit = asyncio.Semaphore(concurrency)
 
     async def one(system: str, question: str) -> None:
-        request = GenerationRequest(
+        request = ChatRequest(
             request_id=uuid.uuid4().hex,
             model=model,
             sampling=Sampling(max_tokens=4, temperature=0, ignore_eos=True),
-            messages=[ChatMessage("system", system), ChatMessage("user", question)],
+            messages=[text_message("system", system), text_message("user", question)],
         )
         async with limit:
             async for _ in provider.generate(request):

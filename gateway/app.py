@@ -25,9 +25,12 @@ from gateway.api.admin import ADMIN_CONTROLLERS
 from gateway.api.admin.guards import admin_guard, master_guard
 from gateway.api.health import HealthController
 from gateway.api.key_info import KeyInfoController
-from gateway.api.openai import OpenAIController, Services, new_request_id, request_state
+from gateway.api.openai_chat import ChatCompletionsController
+from gateway.api.openai_completions import CompletionsController
+from gateway.api.openai_models import ModelsController
 from gateway.auth import KeyCache
 from gateway.body import check_body
+from gateway.call import Services, new_request_id, request_state
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import DatabaseSpend
 from gateway.errors import EXCEPTION_HANDLERS
@@ -144,7 +147,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
     )
     return Litestar(
         route_handlers=[
-            OpenAIController,
+            ChatCompletionsController,
+            CompletionsController,
+            ModelsController,
             KeyInfoController,
             *ADMIN_CONTROLLERS,
             HealthController,

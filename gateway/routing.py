@@ -41,8 +41,9 @@ import yaml
 from redis.asyncio import Redis
 
 from engine.protocol import heartbeat_pattern
+from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder
 from gateway.errors import ServiceUnavailable
-from gateway.providers.base import GenerationChunk, GenerationRequest, Provider, ProviderError
+from gateway.providers.base import Provider, ProviderError
 from gateway.providers.openai import CONNECT_TIMEOUT_S, OpenAIProvider
 from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
@@ -83,20 +84,20 @@ class ModelRoute:
 class Generation:
     """One request's stream with fallback; ``deployment`` names who is serving it."""
 
-    def __init__(self, router: Router, route: ModelRoute, request: GenerationRequest) -> None:
+    def __init__(self, router: Router, route: ModelRoute, request: ChatRequest) -> None:
         self._router = router
         self._route = route
         self._request = request
         self.deployment: Deployment | None = None
         self._iterator = self._run()
 
-    def __aiter__(self) -> AsyncIterator[GenerationChunk]:
+    def __aiter__(self) -> AsyncIterator[Chunk]:
         return self._iterator
 
     async def aclose(self) -> None:
         await self._iterator.aclose()
 
-    async def _run(self) -> AsyncIterator[GenerationChunk]:
+    async def _run(self) -> AsyncIterator[Chunk]:
         last_error: ProviderError | None = None
         for deployment in await self._router.candidates(self._route):
             self.deployment = deployment
@@ -302,12 +303,12 @@ class Router:
 
     # ---- serving -----------------------------------------------------------------------------
 
-    def stream(self, route: ModelRoute, request: GenerationRequest) -> Generation:
+    def stream(self, route: ModelRoute, request: ChatRequest) -> Generation:
         return Generation(self, route, request)
 
     async def complete(
-        self, route: ModelRoute, request: GenerationRequest
-    ) -> tuple[Deployment, GenerationChunk]:
+        self, route: ModelRoute, request: ChatRequest
+    ) -> tuple[Deployment, Response]:
         """The whole answer as one chunk, with fallback (nothing reached the client yet)."""
         last_error: ProviderError | None = None
         for deployment in await self.candidates(route):
@@ -315,7 +316,7 @@ class Router:
             try:
                 complete = getattr(deployment.provider, "complete", None)
                 if complete is not None:
-                    result: GenerationChunk = await complete(request)
+                    result: Response = await complete(request)
                 else:
                     result = await _collect(deployment.provider, request)
             except ProviderError as exc:
@@ -359,22 +360,13 @@ class Router:
         await self.client.aclose()
 
 
-async def _collect(provider: Provider, request: GenerationRequest) -> GenerationChunk:
-    """Fold a provider's stream into one chunk."""
-    parts: list[str] = []
-    last = GenerationChunk()
-    count = 0
+async def _collect(provider: Provider, request: ChatRequest) -> Response:
+    """Fold a provider's stream into one response."""
+    builder = ResponseBuilder()
     chunks = provider.generate(request)
     try:
         async for chunk in chunks:
-            parts.append(chunk.text)
-            count += chunk.num_tokens
-            last = chunk
+            builder.add(chunk)
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
-    return GenerationChunk(
-        text="".join(parts),
-        finish_reason=last.finish_reason or "stop",
-        usage=last.usage,
-        num_tokens=count,
-    )
+    return builder.build()

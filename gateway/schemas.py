@@ -7,25 +7,31 @@ Responses are encoded with msgspec too; field order and ``null``s follow OpenAI'
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from engine.protocol import ChatMessage, Sampling
+from gateway import canonical
 from gateway.errors import InvalidRequest
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 
-_TOKEN_OVERHEAD_PER_MESSAGE = 4
-"""Chat templates wrap every message in a few special tokens."""
-
 
 class TextPart(msgspec.Struct, forbid_unknown_fields=False):
     type: str
     text: str | None = None
+
+
+_ROLES: dict[str, canonical.Role] = {
+    "system": "system",
+    "developer": "developer",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function": "tool",
+}
 
 
 class ChatMessageIn(msgspec.Struct, forbid_unknown_fields=False):
@@ -83,21 +89,20 @@ class _GenerationFields(msgspec.Struct, forbid_unknown_fields=False, kw_only=Tru
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
-    def sampling(self, default_max_tokens: int) -> Sampling:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        return Sampling(
-            max_tokens=self.requested_max_tokens() or default_max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
-            min_p=self.min_p or 0.0,
+    def canonical_sampling(self) -> canonical.Sampling:
+        return canonical.Sampling(
+            max_tokens=self.requested_max_tokens(),
+            temperature=self.temperature,
+            top_p=self.top_p,
             seed=self.seed,
-            stop=stop or None,
-            stop_token_ids=self.stop_token_ids or None,
+            stop=[self.stop] if isinstance(self.stop, str) else self.stop or None,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
             ignore_eos=self.ignore_eos,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=self.repetition_penalty or 1.0,
+            stop_token_ids=self.stop_token_ids or None,
         )
 
 
@@ -108,12 +113,18 @@ class ChatCompletionRequest(_GenerationFields, kw_only=True):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def chat_messages(self) -> list[ChatMessage]:
-        return [ChatMessage(role=m.role, content=m.text(), name=m.name) for m in self.messages]
-
-    def prompt_token_estimate(self) -> int:
-        chars = sum(len(m.text() or "") for m in self.messages)
-        return math.ceil(chars / 3) + _TOKEN_OVERHEAD_PER_MESSAGE * len(self.messages)
+    def canonical(self) -> canonical.ChatRequest:
+        return canonical.ChatRequest(
+            model=self.model,
+            messages=[
+                canonical.text_message(_ROLES[m.role], m.text() or "", m.name)
+                for m in self.messages
+            ],
+            sampling=self.canonical_sampling(),
+            stream=self.stream,
+            include_usage=self.include_usage,
+            user=self.user,
+        )
 
 
 class CompletionRequest(_GenerationFields, kw_only=True):
@@ -137,9 +148,15 @@ class CompletionRequest(_GenerationFields, kw_only=True):
             return str(self.prompt[0])
         return self.prompt  # type: ignore[return-value]
 
-    def prompt_token_estimate(self) -> int:
-        prompt = self.single_prompt()
-        return len(prompt) if isinstance(prompt, list) else math.ceil(len(prompt) / 3)
+    def canonical(self) -> canonical.ChatRequest:
+        return canonical.ChatRequest(
+            model=self.model,
+            prompt=self.single_prompt(),
+            sampling=self.canonical_sampling(),
+            stream=self.stream,
+            include_usage=self.include_usage,
+            user=self.user,
+        )
 
 
 # ---- responses -------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """What every provider takes and yields, so routing and the API never care which one serves.
 
-A provider turns one ``GenerationRequest`` into an async stream of ``GenerationChunk``; the
-last chunk has ``finish_reason`` and ``usage``. Failures raise ``ProviderError``: ``retryable``
-errors before the first chunk let the router fall back to the next deployment.
+A provider turns one canonical ``ChatRequest`` into an async stream of ``Chunk``; the last
+chunk carries the finish reasons and ``usage``. A provider may also answer a whole request at
+once (``complete``, returning a ``Response``). Failures raise ``ProviderError``: ``retryable``
+errors before the first chunk let the router fall back to the next deployment. ``unsupported``
+says, before anything is sent, which field of a request the backend cannot honour.
 """
 
 from __future__ import annotations
@@ -11,32 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.protocol import ChatMessage, Sampling, Usage
-
-
-@dataclass
-class GenerationRequest:
-    request_id: str
-    model: str
-    """The deployment's model name (the upstream's or the workers' served name)."""
-    sampling: Sampling
-    messages: list[ChatMessage] | None = None
-    prompt: str | list[int] | None = None
-    deadline: float = 0.0
-    traceparent: str | None = None
-    user: str | None = None
-
-
-@dataclass
-class GenerationChunk:
-    text: str = ""
-    finish_reason: str | None = None
-    usage: Usage | None = None
-    num_tokens: int = 0
-    """Completion tokens carried by this chunk, when the provider knows them."""
-    prompt_tokens: int = 0
-    """The prompt's real token count once the provider knows it (0 = unknown), so a request
-    cut short is billed its real prompt rather than the admission estimate."""
+from gateway.canonical import ChatRequest, Chunk, Usage
 
 
 @dataclass
@@ -49,16 +26,27 @@ class ProviderError(Exception):
     usage: Usage | None = None
     """Tokens already delivered before the failure, for billing."""
     headers: dict[str, str] = field(default_factory=dict)
+    param: str | None = None
+    """The request field at fault (OpenAI's path syntax, e.g. ``messages[1].content[0]``)."""
 
     def __str__(self) -> str:
         return self.message
+
+
+def unsupported_field(param: str, message: str) -> ProviderError:
+    """The 400 for a field a backend cannot honour."""
+    return ProviderError(message, status_code=400, code="invalid_request", param=param)
 
 
 class Provider(Protocol):
     name: str
     """The deployment's name, for metrics, cooldowns and usage records."""
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]: ...
+    def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]: ...
+
+    def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        """The 400 for the first field of ``request`` this backend cannot honour, if any."""
+        ...
 
     async def is_available(self) -> bool:
         """Whether this deployment can take a request now (e.g. a live engine worker)."""

@@ -22,7 +22,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engine import protocol
-from gateway.providers.base import GenerationChunk, GenerationRequest, ProviderError
+from gateway.canonical import ChatRequest, ChoiceDelta, Chunk, Usage
+from gateway.providers.base import ProviderError
 from gateway.providers.engine_replies import TRANSPORT_DOWN, ReplyReader
 from gateway.providers.prefix_affinity import prefix_hashes, render_prompt
 from gateway.settings import Settings
@@ -122,11 +123,13 @@ class EngineProvider:
 
     # ---- generation ------------------------------------------------------------------------
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         workers = await self._workers_or_503()
         deadline = request.deadline or time.time() + self.settings.request_timeout_s
-        message = _wire_request(request, self.model, deadline, self._replies.stream)
-        rendered = render_prompt(request.messages, request.prompt)
+        message = _wire_request(
+            request, self.model, deadline, self._replies.stream, self._default_max_tokens(request)
+        )
+        rendered = render_prompt(message.messages, request.prompt)
         hashes = prefix_hashes(rendered) if self.prefix_affinity and len(workers) > 1 else []
         call = _Call(request.request_id, deadline)
         try:
@@ -148,7 +151,7 @@ class EngineProvider:
 
     async def _attempt(
         self, call: _Call, message: protocol.Request, stream: str
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncIterator[Chunk]:
         """One submission of the request (the first, or a resumption) and its relayed reply."""
         queue = self._replies.open(message.request_id)
         call.entry = None
@@ -197,6 +200,13 @@ class EngineProvider:
             resume_text_chars=call.shown_chars,
         )
 
+    def _default_max_tokens(self, request: ChatRequest) -> int:
+        # OpenAI's default for text completions is 16; chat has no cap there, ours is a setting.
+        return self.settings.default_max_tokens if request.messages is not None else 16
+
+    def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        return None
+
     async def _workers_or_503(self) -> dict[str, protocol.Heartbeat]:
         try:
             workers = await self.live_workers()
@@ -211,9 +221,7 @@ class EngineProvider:
             )
         return workers
 
-    async def _relay(
-        self, call: _Call, queue: asyncio.Queue[Any]
-    ) -> AsyncIterator[GenerationChunk]:
+    async def _relay(self, call: _Call, queue: asyncio.Queue[Any]) -> AsyncIterator[Chunk]:
         taken_by = time.monotonic() + (
             self.settings.resume_timeout_s if call.attempts else self.settings.first_token_timeout_s
         )
@@ -257,7 +265,7 @@ class EngineProvider:
             chunk = call.accept(item)
             if chunk is not None:
                 yield chunk
-                if chunk.finish_reason is not None:
+                if call.finished:
                     return
 
     async def _check_liveness(self, call: _Call, quiet_s: float) -> None:
@@ -379,7 +387,7 @@ class _Call:
         self.attempt_shown = False
         self._base = (self.delivered, self.unshown)
 
-    def accept(self, delta: protocol.Delta) -> GenerationChunk | None:
+    def accept(self, delta: protocol.Delta) -> Chunk | None:
         if delta.worker_id != self.worker_id:
             if self.attempt_shown:
                 return None  # a second worker took over a request the first was still serving
@@ -404,14 +412,13 @@ class _Call:
         if delta.finish_reason is not None:
             self.finished = True
             cached = delta.usage.cached_tokens if delta.usage else 0
-            usage = protocol.Usage(self.prompt_tokens, self.delivered, cached)
+            usage = Usage(self.prompt_tokens, self.delivered, cached)
         elif not delta.text:
             return None
         self.shown = self.attempt_shown = True
         self.shown_chars += len(delta.text)
-        chunk = GenerationChunk(
-            text=delta.text,
-            finish_reason=delta.finish_reason,
+        chunk = Chunk(
+            [ChoiceDelta(text=delta.text, finish_reason=delta.finish_reason)],
             usage=usage,
             num_tokens=self.unshown,
             prompt_tokens=self.prompt_tokens,
@@ -426,7 +433,7 @@ class _Call:
             retryable=retryable or (not self.shown and status in {503, 504}),
             status_code=status,
             code=code,
-            usage=protocol.Usage(self.prompt_tokens, self.delivered - self.unshown),
+            usage=Usage(self.prompt_tokens, self.delivered - self.unshown),
         )
 
 
@@ -435,20 +442,44 @@ class _WorkerLost(Exception):
 
 
 def _wire_request(
-    request: GenerationRequest, model: str, deadline: float, reply_to: str
+    request: ChatRequest, model: str, deadline: float, reply_to: str, default_max_tokens: int
 ) -> protocol.Request:
     prompt = request.prompt
     return protocol.Request(
         request_id=request.request_id,
         model=model,
-        sampling=msgspec.structs.replace(request.sampling),
+        sampling=_wire_sampling(request, default_max_tokens),
         prompt=prompt if isinstance(prompt, str) else None,
         prompt_token_ids=list(prompt) if isinstance(prompt, list) else None,
-        messages=list(request.messages) if request.messages is not None else None,
+        messages=_wire_messages(request),
         deadline=deadline,
         traceparent=request.traceparent,
         reply_to=reply_to,
     )
+
+
+def _wire_sampling(request: ChatRequest, default_max_tokens: int) -> protocol.Sampling:
+    s = request.sampling
+    return protocol.Sampling(
+        max_tokens=s.max_tokens or default_max_tokens,
+        temperature=1.0 if s.temperature is None else s.temperature,
+        top_p=1.0 if s.top_p is None else s.top_p,
+        top_k=-1 if s.top_k is None else s.top_k,
+        min_p=s.min_p or 0.0,
+        seed=s.seed,
+        stop=s.stop or None,
+        stop_token_ids=s.stop_token_ids or None,
+        ignore_eos=s.ignore_eos,
+        presence_penalty=s.presence_penalty or 0.0,
+        frequency_penalty=s.frequency_penalty or 0.0,
+        repetition_penalty=s.repetition_penalty or 1.0,
+    )
+
+
+def _wire_messages(request: ChatRequest) -> list[protocol.ChatMessage] | None:
+    if request.messages is None:
+        return None
+    return [protocol.ChatMessage(m.role, m.text(), m.name) for m in request.messages]
 
 
 def _redis_down(exc: BaseException) -> ProviderError:

@@ -21,8 +21,17 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
-from engine.protocol import Usage
-from gateway.providers.base import GenerationChunk, GenerationRequest, ProviderError
+from gateway.canonical import (
+    ChatRequest,
+    Choice,
+    ChoiceDelta,
+    Chunk,
+    Message,
+    Response,
+    TextPart,
+    Usage,
+)
+from gateway.providers.base import ProviderError
 from gateway.providers.http1 import Http1Pool, UpstreamConnectionError
 
 logger = logging.getLogger(__name__)
@@ -38,6 +47,7 @@ class _Message(msgspec.Struct):
 
 
 class _Choice(msgspec.Struct):
+    index: int = 0
     delta: _Message | None = None
     message: _Message | None = None
     text: str | None = None
@@ -71,19 +81,19 @@ _decoder = msgspec.json.Decoder(_Body)
 _encoder = msgspec.json.Encoder()
 
 
-def _payload(request: GenerationRequest, model: str, stream: bool) -> dict[str, Any]:
+def _payload(request: ChatRequest, model: str, stream: bool) -> dict[str, Any]:
     s = request.sampling
     body: dict[str, Any] = {"model": model}
     if request.messages is not None:
         body["messages"] = [
-            {"role": m.role, "content": m.content or ""} | ({"name": m.name} if m.name else {})
+            {"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
             for m in request.messages
         ]
     else:
         body["prompt"] = request.prompt
     body["max_tokens"] = s.max_tokens
-    body["temperature"] = s.temperature
-    body["top_p"] = s.top_p
+    body["temperature"] = 1.0 if s.temperature is None else s.temperature
+    body["top_p"] = 1.0 if s.top_p is None else s.top_p
     optional = {
         "stop": s.stop,
         "seed": s.seed,
@@ -91,9 +101,11 @@ def _payload(request: GenerationRequest, model: str, stream: bool) -> dict[str, 
         "frequency_penalty": s.frequency_penalty or None,
         "user": request.user,
         # vLLM's extras: only when set, since hosted APIs reject unknown fields.
-        "top_k": s.top_k if s.top_k > 0 else None,
+        "top_k": s.top_k if s.top_k is not None and s.top_k > 0 else None,
         "min_p": s.min_p or None,
-        "repetition_penalty": s.repetition_penalty if s.repetition_penalty != 1.0 else None,
+        "repetition_penalty": s.repetition_penalty
+        if s.repetition_penalty not in (None, 1.0)
+        else None,
         "ignore_eos": s.ignore_eos or None,
         "stop_token_ids": s.stop_token_ids,
     }
@@ -171,16 +183,16 @@ class OpenAIProvider:
             )
         self._path = url.path
 
-    def _url(self, request: GenerationRequest) -> str:
+    def _url(self, request: ChatRequest) -> str:
         path = "/chat/completions" if request.messages is not None else "/completions"
         return self._base_url + path
 
-    def _headers_for(self, request: GenerationRequest) -> dict[str, str]:
+    def _headers_for(self, request: ChatRequest) -> dict[str, str]:
         if request.traceparent:
             return {**self._headers, "traceparent": request.traceparent}
         return self._headers
 
-    async def _post(self, request: GenerationRequest, body: bytes) -> tuple[int, bytes]:
+    async def _post(self, request: ChatRequest, body: bytes) -> tuple[int, bytes]:
         headers = self._headers_for(request)
         try:
             if self._fast is not None:
@@ -208,12 +220,12 @@ class OpenAIProvider:
                 f"deployment {self.name} unreachable", retryable=True, status_code=502
             ) from exc
 
-    def _read_timeout(self, request: GenerationRequest) -> float:
+    def _read_timeout(self, request: ChatRequest) -> float:
         if request.deadline:
             return max(0.001, request.deadline - time.time())
         return self._read_timeout_s
 
-    async def complete(self, request: GenerationRequest) -> GenerationChunk:
+    async def complete(self, request: ChatRequest) -> Response:
         """The whole answer as one chunk (text, finish_reason, usage)."""
         body = _encoder.encode(_payload(request, self.model, stream=False))
         status, content = await self._post(request, body)
@@ -229,13 +241,10 @@ class OpenAIProvider:
             message = parsed.error.message if parsed.error else "no choices in the answer"
             raise ProviderError(f"deployment {self.name}: {message}", retryable=True)
         choice = parsed.choices[0]
-        return GenerationChunk(
-            text=choice.content(),
-            finish_reason=choice.finish_reason or "stop",
-            usage=_usage(parsed),
-        )
+        message = Message("assistant", [TextPart(choice.content())])
+        return Response([Choice(0, message, choice.finish_reason or "stop")], _usage(parsed))
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         body = _encoder.encode(_payload(request, self.model, stream=True))
         started = False
         finish_reason: str | None = None
@@ -265,7 +274,7 @@ class OpenAIProvider:
                         text = choice.content()
                         if text:
                             started = True
-                            yield GenerationChunk(text=text, num_tokens=1)
+                            yield Chunk([ChoiceDelta(text=text)], num_tokens=1)
         except httpx.TransportError as exc:
             logger.warning("deployment %s failed mid-stream: %r", self.name, exc)
             raise ProviderError(
@@ -275,7 +284,10 @@ class OpenAIProvider:
             raise ProviderError(
                 f"deployment {self.name} sent an unreadable chunk: {exc}", retryable=not started
             ) from exc
-        yield GenerationChunk(finish_reason=finish_reason or "stop", usage=usage)
+        yield Chunk([ChoiceDelta(finish_reason=finish_reason or "stop")], usage=usage)
+
+    def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        return None
 
     async def is_available(self) -> bool:
         return True

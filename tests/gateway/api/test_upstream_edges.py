@@ -23,9 +23,9 @@ import pytest
 import uvicorn
 import yaml
 
-from engine.protocol import ChatMessage, Sampling
 from gateway.app import create_app
-from gateway.providers.base import GenerationRequest, ProviderError
+from gateway.canonical import ChatRequest, Sampling, text_message
+from gateway.providers.base import ProviderError
 from gateway.providers.openai import OpenAIProvider
 from gateway.settings import Settings
 
@@ -184,12 +184,12 @@ def https_upstream(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     thread.join(15)
 
 
-def _request(deadline_s: float) -> GenerationRequest:
-    return GenerationRequest(
+def _request(deadline_s: float) -> ChatRequest:
+    return ChatRequest(
         request_id=uuid.uuid4().hex,
         model="sleepy",
         sampling=Sampling(max_tokens=4),
-        messages=[ChatMessage(role="user", content="hi")],
+        messages=[text_message("user", "hi")],
         deadline=time.time() + deadline_s,
     )
 
@@ -208,7 +208,7 @@ async def test_non_streaming_https_call_waits_for_the_request_deadline(
     )
     try:
         answer = await provider.complete(_request(deadline_s=ANSWER_DELAY_S * 4))
-        assert answer.text == "late"
+        assert answer.text() == "late"
 
         started = time.monotonic()
         with pytest.raises(ProviderError) as failure:

@@ -1,0 +1,381 @@
+"""The one chat model inside the gateway.
+
+Every inbound API (OpenAI chat and completions today; Anthropic Messages and OpenAI Responses
+next) translates its request into a ``ChatRequest`` and renders ``Response`` / ``Chunk`` back
+into its own shape; every provider translates a ``ChatRequest`` into its backend's call and its
+backend's answer into ``Response`` / ``Chunk``. No inbound API knows a provider and no provider
+knows an inbound API, with one deliberate exception: ``ChatRequest.passthrough`` carries the
+client's own OpenAI body, so an OpenAI-compatible upstream receives it field for field (and a
+``Chunk``/``Response`` may carry the upstream's own JSON in ``raw`` for the way back).
+
+Names follow OpenAI's where both agree (so a ``param`` path such as ``messages[1].content[0]``
+means the same thing in the canonical model as in an OpenAI body); message ``i`` and part ``j``
+of a canonical request are message ``i`` and content part ``j`` of the inbound request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+# ---- content parts ---------------------------------------------------------------------------
+
+
+class TextPart(msgspec.Struct, tag="text", omit_defaults=True):
+    text: str
+
+
+class ImagePart(msgspec.Struct, tag="image", omit_defaults=True):
+    url: str
+    """An ``http(s)://`` URL or a ``data:<media type>;base64,...`` URL."""
+    detail: str | None = None
+
+
+class AudioPart(msgspec.Struct, tag="audio", omit_defaults=True):
+    data: str
+    """Base64 audio."""
+    format: str
+
+
+class FilePart(msgspec.Struct, tag="file", omit_defaults=True):
+    file_id: str | None = None
+    filename: str | None = None
+    data: str | None = None
+    """Base64 content (or a data URL) when sent inline."""
+
+
+class ToolCall(msgspec.Struct, tag="tool_call", omit_defaults=True):
+    """A function call made by the assistant (in an earlier turn, or in a response)."""
+
+    id: str
+    name: str
+    arguments: str
+    """The arguments as JSON text, as OpenAI carries them."""
+
+
+class ToolResult(msgspec.Struct, tag="tool_result", omit_defaults=True):
+    """What a tool returned for the call ``tool_call_id``."""
+
+    tool_call_id: str
+    content: list[TextPart | ImagePart] = msgspec.field(default_factory=list)
+    is_error: bool = False
+
+    def text(self) -> str:
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+
+Part = TextPart | ImagePart | AudioPart | FilePart | ToolCall | ToolResult
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class Message(msgspec.Struct, omit_defaults=True):
+    """One turn. Assistant turns hold ``TextPart`` and ``ToolCall`` parts; a ``tool`` turn holds
+    ``ToolResult`` parts (one or more); ``reasoning`` is an assistant turn's earlier thinking."""
+
+    role: Role
+    parts: list[Part] = msgspec.field(default_factory=list)
+    name: str | None = None
+    reasoning: str | None = None
+
+    def text(self) -> str:
+        """The text parts joined (the tool results' text for a ``tool`` turn)."""
+        out = []
+        for part in self.parts:
+            if isinstance(part, TextPart):
+                out.append(part.text)
+            elif isinstance(part, ToolResult):
+                out.append(part.text())
+        return "".join(out)
+
+    def tool_calls(self) -> list[ToolCall]:
+        return [p for p in self.parts if isinstance(p, ToolCall)]
+
+
+# ---- tools and output constraints ------------------------------------------------------------
+
+
+class Tool(msgspec.Struct, omit_defaults=True):
+    """A function the model may call."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    """JSON Schema of the arguments."""
+    strict: bool = False
+
+
+class ToolChoice(msgspec.Struct, omit_defaults=True):
+    mode: Literal["none", "auto", "required", "function"] = "auto"
+    name: str | None = None
+    """The function that must be called, with mode ``function``."""
+
+
+class OutputFormat(msgspec.Struct, omit_defaults=True):
+    """What the answer must look like: OpenAI's ``response_format`` and vLLM's ``guided_*``."""
+
+    kind: Literal["text", "json_object", "json_schema", "regex", "choice", "grammar"]
+    schema: dict[str, Any] | None = None
+    """The JSON Schema (kind ``json_schema``)."""
+    name: str | None = None
+    description: str | None = None
+    strict: bool = False
+    regex: str | None = None
+    choices: list[str] | None = None
+    grammar: str | None = None
+    """EBNF (kind ``grammar``)."""
+
+
+# ---- sampling --------------------------------------------------------------------------------
+
+
+class Sampling(msgspec.Struct, omit_defaults=True):
+    """How to pick tokens. ``None`` means the client did not say (a provider applies its own
+    default, or omits the field upstream)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    seed: int | None = None
+    stop: list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+
+
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
+
+
+class ChatRequest(msgspec.Struct, kw_only=True):
+    """One generation request, whichever API it came in by.
+
+    Exactly one of ``messages`` (chat) and ``prompt`` (text completion) is set. The fields after
+    ``chat_template_kwargs`` are OpenAI's request options that only some backends honour; a
+    provider that cannot honour one that is set answers 400 naming it.
+    """
+
+    model: str
+    """The public model name the client asked for."""
+    messages: list[Message] | None = None
+    prompt: str | list[int] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
+    output: OutputFormat | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    stream: bool = False
+    include_usage: bool = False
+    """The client asked for a usage chunk at the end of its stream."""
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    """Requested audio output (voice, format)."""
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    verbosity: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Fields outside this model, keyed by their path in the inbound request."""
+    passthrough: dict[str, Any] | None = None
+    """The client's OpenAI body as sent, when it came in by an OpenAI API: an OpenAI-compatible
+    upstream gets exactly this (its ``model`` rewritten)."""
+    # Set by the gateway, not the client:
+    request_id: str = ""
+    deadline: float = 0.0
+    """Unix time by which the whole answer must be done; 0 = none."""
+    traceparent: str | None = None
+
+
+# ---- answers ---------------------------------------------------------------------------------
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    """Prompt tokens served from a cache (part of ``prompt_tokens``)."""
+    reasoning_tokens: int = 0
+    """Completion tokens spent thinking (part of ``completion_tokens``)."""
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+FinishReason = str
+"""``stop``, ``length``, ``tool_calls``, ``content_filter``, ``abort`` (the engine cancelled
+it), or whatever else an upstream reported, passed on as is."""
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top: list[TopLogprob] = msgspec.field(default_factory=list)
+
+
+class ToolCallDelta(msgspec.Struct, omit_defaults=True):
+    """A streamed piece of a tool call: its first piece has ``id`` and ``name`` (the call
+    starts), later pieces carry fragments of ``arguments``."""
+
+    index: int
+    """Position of the call within its choice."""
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+class ChoiceDelta(msgspec.Struct, omit_defaults=True):
+    """The stream events of one choice within one chunk: answer text, reasoning text, tool-call
+    starts and argument fragments, the tokens' logprobs, and at its end the finish reason."""
+
+    index: int = 0
+    text: str = ""
+    reasoning: str = ""
+    refusal: str = ""
+    tool_calls: list[ToolCallDelta] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+
+    def has_output(self) -> bool:
+        return bool(self.text or self.reasoning or self.refusal or self.tool_calls)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One step of a provider's stream. The last chunk of a stream has every choice's
+    ``finish_reason`` behind it, and ``usage`` when the provider reports it."""
+
+    choices: list[ChoiceDelta] = field(default_factory=list)
+    usage: Usage | None = None
+    num_tokens: int = 0
+    """Completion tokens this chunk carries, when the provider knows them (0 = unknown)."""
+    prompt_tokens: int = 0
+    """The prompt's real token count once known (0 = unknown), so a request cut short is
+    billed its real prompt rather than the admission estimate."""
+    raw: dict[str, Any] | None = None
+    """The upstream's own chunk, when it speaks OpenAI's chat/completions wire format."""
+
+    def has_output(self) -> bool:
+        return any(choice.has_output() for choice in self.choices)
+
+    def finish_reason(self) -> FinishReason | None:
+        for choice in self.choices:
+            if choice.finish_reason is not None:
+                return choice.finish_reason
+        return None
+
+
+class Choice(msgspec.Struct, omit_defaults=True):
+    """One whole answer: ``message`` holds its text and tool calls, ``message.reasoning`` its
+    thinking."""
+
+    index: int
+    message: Message
+    finish_reason: FinishReason
+    refusal: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(slots=True)
+class Response:
+    """A whole (non-streamed) answer."""
+
+    choices: list[Choice]
+    usage: Usage | None = None
+    num_tokens: int = 0
+    """Completion tokens, when known without ``usage``."""
+    raw: dict[str, Any] | None = None
+    """The upstream's own body, when it speaks OpenAI's wire format."""
+
+    def text(self) -> str:
+        return self.choices[0].message.text() if self.choices else ""
+
+    def finish_reason(self) -> FinishReason | None:
+        return self.choices[0].finish_reason if self.choices else None
+
+
+def text_message(role: Role, text: str, name: str | None = None) -> Message:
+    return Message(role=role, parts=[TextPart(text)], name=name)
+
+
+class ResponseBuilder:
+    """Folds a stream of chunks into the whole ``Response`` (tool-call fragments joined)."""
+
+    def __init__(self) -> None:
+        self._text: dict[int, list[str]] = {}
+        self._reasoning: dict[int, list[str]] = {}
+        self._refusal: dict[int, list[str]] = {}
+        self._calls: dict[int, dict[int, list[str]]] = {}
+        self._call_heads: dict[int, dict[int, tuple[str, str]]] = {}
+        self._logprobs: dict[int, list[TokenLogprob]] = {}
+        self._finish: dict[int, FinishReason] = {}
+        self.usage: Usage | None = None
+        self.num_tokens = 0
+
+    def add(self, chunk: Chunk) -> None:
+        self.num_tokens += chunk.num_tokens
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for delta in chunk.choices:
+            i = delta.index
+            self._text.setdefault(i, [])
+            if delta.text:
+                self._text[i].append(delta.text)
+            if delta.reasoning:
+                self._reasoning.setdefault(i, []).append(delta.reasoning)
+            if delta.refusal:
+                self._refusal.setdefault(i, []).append(delta.refusal)
+            for call in delta.tool_calls or ():
+                heads = self._call_heads.setdefault(i, {})
+                if call.id is not None or call.index not in heads:
+                    heads[call.index] = (call.id or "", call.name or "")
+                self._calls.setdefault(i, {}).setdefault(call.index, []).append(call.arguments)
+            if delta.logprobs:
+                self._logprobs.setdefault(i, []).extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                self._finish[i] = delta.finish_reason
+
+    def build(self, raw: dict[str, Any] | None = None) -> Response:
+        choices = []
+        for i in sorted(self._text):
+            parts: list[Part] = [TextPart("".join(self._text[i]))]
+            heads = self._call_heads.get(i, {})
+            for k in sorted(heads):
+                call_id, name = heads[k]
+                parts.append(ToolCall(call_id, name, "".join(self._calls[i][k])))
+            reasoning = "".join(self._reasoning[i]) if i in self._reasoning else None
+            refusal = "".join(self._refusal[i]) if i in self._refusal else None
+            choices.append(
+                Choice(
+                    index=i,
+                    message=Message("assistant", parts, reasoning=reasoning),
+                    finish_reason=self._finish.get(i, "stop"),
+                    refusal=refusal,
+                    logprobs=self._logprobs.get(i),
+                )
+            )
+        return Response(choices, usage=self.usage, num_tokens=self.num_tokens, raw=raw)
