@@ -39,6 +39,7 @@ from gateway.pricing import PriceBook, prices_from_config
 from gateway.routing import Router
 from gateway.settings import Settings
 from gateway.telemetry import metrics_endpoint, serve_metrics, setup_tracing
+from gateway.ui import template_config, ui_router
 from gateway.usage import UsageFlusher, UsageRecorder
 
 logger = logging.getLogger(__name__)
@@ -154,7 +155,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
             *ADMIN_CONTROLLERS,
             HealthController,
             *metrics,
+            ui_router(),
         ],
+        template_config=template_config(),
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         before_request=check_body,

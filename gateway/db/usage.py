@@ -257,3 +257,28 @@ class DatabaseSpend:
             if kind == "team":
                 return await spent_since(session, team_id=scope, since=since)
             return await spent_since(session, key_id=scope, since=since)
+
+
+async def daily_rows(
+    session: AsyncSession,
+    *,
+    since: dt.date | None = None,
+    until: dt.date | None = None,
+    team_id: uuid.UUID | None = None,
+    key_id: uuid.UUID | None = None,
+    model: str | None = None,
+) -> list[UsageDaily]:
+    """The rollup rows themselves (day, key, model), oldest first: for CSV exports."""
+    query = (
+        select(UsageDaily)
+        .where(*_filters(key_id, model, since, until, team_id))
+        .order_by(UsageDaily.day, UsageDaily.model, UsageDaily.key_id)
+    )
+    return list((await session.execute(query)).scalars())
+
+
+async def models_used(session: AsyncSession, team_id: uuid.UUID | None = None) -> list[str]:
+    query = select(UsageDaily.model).distinct().order_by(UsageDaily.model)
+    if team_id is not None:
+        query = query.where(UsageDaily.team_id == team_id)
+    return list((await session.execute(query)).scalars())

@@ -1,0 +1,169 @@
+"""``/ui/teams``: teams with their keys, limits and budgets. The master key creates, edits and
+deletes them; a team admin sees its own team only."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from litestar import Controller, Request, get, post
+from litestar.params import FromPath, FromQuery
+from litestar.response import Redirect, Template
+
+from gateway.api.admin import service
+from gateway.api.admin.guards import require_team_access
+from gateway.api.admin.reports import budget_view
+from gateway.auth import TeamLimits, publish_invalidation
+from gateway.db import teams as team_queries
+from gateway.errors import NotFound
+from gateway.ui.common import (
+    FormError,
+    limit_values,
+    models_list,
+    optional_choice,
+    optional_int,
+    optional_micros,
+    render,
+    request_id,
+    sessions,
+    text,
+)
+from gateway.ui.keys import PERIODS
+from gateway.ui.session import check_csrf, session_of, ui_guard
+
+
+def team_fields_from_form(form: Mapping[str, Any]) -> dict[str, Any]:
+    name = text(form, "name")
+    if not name:
+        raise FormError("name", "a team needs a name")
+    return {
+        "name": name,
+        "allowed_models": models_list(form),
+        "rpm_limit": optional_int(form, "rpm_limit", minimum=1),
+        "tpm_limit": optional_int(form, "tpm_limit", minimum=1),
+        "max_parallel_requests": optional_int(form, "max_parallel_requests", minimum=1),
+        "token_budget": optional_int(form, "token_budget"),
+        "max_budget_micros": optional_micros(form, "max_budget"),
+        "budget_period": optional_choice(form, "budget_period", PERIODS),
+    }
+
+
+async def _teams_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    session = session_of(request)
+    async with sessions(request)() as db:
+        if session.is_master:
+            teams = await team_queries.list_teams(db, limit=1000)
+        else:
+            own = await team_queries.get_team(db, session.actor.team_id)  # type: ignore[arg-type]
+            teams = [own] if own is not None else []
+        counts = await team_queries.key_counts(db)
+    limiter = request.app.state.limiter
+    budgets = {}
+    for team in teams:
+        limits = TeamLimits.from_row(team)
+        budgets[team.id] = await budget_view(limiter, "team", limits, limits.id)
+    return {"teams": teams, "counts": counts, "budgets": budgets}
+
+
+class TeamsPages(Controller):
+    path = "/ui/teams"
+    guards = (ui_guard,)
+    include_in_schema = False
+
+    @get("/")
+    async def list_teams(
+        self, request: Request[Any, Any, Any], notice: FromQuery[str | None] = None
+    ) -> Template:
+        context = await _teams_context(request)
+        return render(request, "teams.html", active="teams", flash=notice, **context)
+
+    @post("/")
+    async def create_team(self, request: Request[Any, Any, Any]) -> Template | Redirect:
+        session = session_of(request)
+        form = await request.form()
+        check_csrf(session.csrf, form)
+        try:
+            fields = team_fields_from_form(form)
+            async with sessions(request)() as db, db.begin():
+                await service.create_team(db, session.actor, fields, request_id(request))
+        except FormError as exc:
+            context = await _teams_context(request)
+            return render(
+                request,
+                "teams.html",
+                active="teams",
+                status_code=400,
+                error=exc.message,
+                error_field=exc.field,
+                form=dict(form),
+                **context,
+            )
+        return Redirect("/ui/teams?notice=created", status_code=303)
+
+    @get("/{team_id:uuid}")
+    async def edit_team(
+        self,
+        request: Request[Any, Any, Any],
+        team_id: FromPath[uuid.UUID],
+        notice: FromQuery[str | None] = None,
+    ) -> Template:
+        return await self._edit_page(request, team_id, notice=notice)
+
+    async def _edit_page(
+        self,
+        request: Request[Any, Any, Any],
+        team_id: uuid.UUID,
+        *,
+        notice: str | None = None,
+        error: FormError | None = None,
+        form: Mapping[str, Any] | None = None,
+    ) -> Template:
+        session = session_of(request)
+        require_team_access(session.actor, team_id)
+        async with sessions(request)() as db:
+            team = await team_queries.get_team(db, team_id)
+        if team is None:
+            raise NotFound(f"No team with id '{team_id}'.", param="team_id")
+        limits = TeamLimits.from_row(team)
+        budget = await budget_view(request.app.state.limiter, "team", limits, limits.id)
+        return render(
+            request,
+            "team_edit.html",
+            active="teams",
+            status_code=400 if error else 200,
+            team=team,
+            budget=budget,
+            flash=notice,
+            error=error.message if error else None,
+            error_field=error.field if error else None,
+            values=dict(form) if form else limit_values(team),
+        )
+
+    @post("/{team_id:uuid}")
+    async def update_team(
+        self, request: Request[Any, Any, Any], team_id: FromPath[uuid.UUID]
+    ) -> Template | Redirect:
+        session = session_of(request)
+        form = await request.form()
+        check_csrf(session.csrf, form)
+        try:
+            changes = team_fields_from_form(form)
+            async with sessions(request)() as db, db.begin():
+                _, key_ids = await service.update_team(
+                    db, session.actor, team_id, changes, request_id(request)
+                )
+        except FormError as exc:
+            return await self._edit_page(request, team_id, error=exc, form=form)
+        await publish_invalidation(request.app.state.redis, *key_ids)
+        return Redirect(f"/ui/teams/{team_id}?notice=saved", status_code=303)
+
+    @post("/{team_id:uuid}/delete")
+    async def delete_team(
+        self, request: Request[Any, Any, Any], team_id: FromPath[uuid.UUID]
+    ) -> Redirect:
+        session = session_of(request)
+        check_csrf(session.csrf, await request.form())
+        async with sessions(request)() as db, db.begin():
+            await service.delete_team(db, session.actor, team_id, request_id(request))
+        return Redirect("/ui/teams?notice=deleted", status_code=303)
