@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 from playwright.sync_api import BrowserContext, Locator, Page, expect
 
+from engine import protocol
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import insert_usage
 from gateway.pricing import Price
@@ -186,10 +189,34 @@ def test_the_overview_charts_daily_tokens_and_spend(
     shot(page, screenshot_dir, "10-teams")
     page.get_by_role("link", name="Edit").click()
     shot(page, screenshot_dir, "11-team-edit")
-    nav(page, "Models").click()
-    expect(page.get_by_text("llama-3.1-8b").first).to_be_visible()
-    expect(page.get_by_text("No engine worker is running.")).to_be_visible()
-    shot(page, screenshot_dir, "12-models")
+    worker = f"ui-test-{uuid.uuid4().hex[:8]}"
+    beat = protocol.Heartbeat(
+        worker_id=worker,
+        model="llama-3.1-8b",
+        served_model_name="llama-3.1-8b",
+        version="test",
+        time=time.time(),
+        num_running=3,
+        num_waiting=2,
+        kv_blocks_total=1000,
+        kv_blocks_used=420,
+        kv_usage=0.42,
+        tokens_per_s=812.5,
+    )
+    client = redis.Redis.from_url(ui_settings.redis_url)
+    client.set(protocol.heartbeat_key("llama-3.1-8b", worker), protocol.encode(beat), px=30_000)
+    try:
+        nav(page, "Models").click()
+        expect(page.get_by_text("llama-3.1-8b").first).to_be_visible()
+        row = page.get_by_role("row").filter(has_text=worker)
+        expect(row).to_contain_text("420/1000 blocks")
+        expect(row.get_by_role("cell")).to_have_text(
+            [worker, "llama-3.1-8b", "3", "2", re.compile("42%"), "812.5", re.compile("ago")]
+        )
+        shot(page, screenshot_dir, "12-models")
+    finally:
+        client.delete(protocol.heartbeat_key("llama-3.1-8b", worker))
+        client.close()
 
 
 def test_a_team_admin_sees_only_their_team(
