@@ -2,8 +2,9 @@
 
 Greedy tokens must equal transformers' own ``generate`` (eager attention) on the same float32
 weights, for Phi-3 (fused qkv and gate_up projections), GPT-NeoX (partial rotary, parallel
-residual) and Gemma-2 (alternating sliding-window layers, attention and final logit
-soft-capping, query_pre_attn_scalar scaling), with chunked prefill and preemption in play,
+residual), Gemma-2 (alternating sliding-window layers, attention and final logit
+soft-capping, query_pre_attn_scalar scaling) and OLMo-2 (q/k norms over whole projections,
+norms after each block), with chunked prefill and preemption in play,
 and for a chat turn; on Llama/Qwen it must give the native implementation's tokens.
 """
 
@@ -80,10 +81,17 @@ def _gemma2() -> torch.nn.Module:
     return model
 
 
+def _olmo2() -> torch.nn.Module:
+    return transformers.Olmo2ForCausalLM(
+        transformers.Olmo2Config(**_COMMON, tie_word_embeddings=False)
+    )
+
+
 BUILDERS: dict[str, Callable[[], torch.nn.Module]] = {
     "phi3": _phi3,
     "gpt_neox": _gpt_neox,
     "gemma2": _gemma2,
+    "olmo2": _olmo2,
 }
 ARCHITECTURES = list(BUILDERS)
 
