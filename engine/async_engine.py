@@ -11,13 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import protocol
 from engine.engine_core import EngineCore, EngineOptions, RequestDelta
+from engine.logprobs import wire_logprobs
 from engine.protocol import Usage
+from engine.request_options import RequestOptions
+from engine.sampler import TokenLogprobs
 from engine.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -32,9 +36,15 @@ class _PendingRequest:
     prompt: str | None
     prompt_token_ids: list[int] | None
     messages: list[Any] | None
-    chat_template_kwargs: dict[str, Any] | None = None
+    options: RequestOptions
+    grammar: Future[Any] | None = None
+    """The request's grammar, compiling off the step loop; it waits until this is done."""
     resume_token_ids: list[int] | None = None
     resume_text_chars: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.grammar is None or self.grammar.done()
 
 
 class EngineStopped(RuntimeError):
@@ -93,13 +103,15 @@ class AsyncEngine:
             core = self.core
             loop = asyncio.get_running_loop()
             deltas = await loop.run_in_executor(
-                self._executor, lambda: [d for r in list(self._streams) if (d := core.abort(r))]
+                self._executor, lambda: [d for r in list(self._streams) for d in core.abort(r)]
             )
             self._dispatch(deltas)
         for request_id in list(self._streams):
             self._dispatch([_abort_delta(request_id)])
         self._pending.clear()
         self._executor.shutdown(wait=True)
+        if self.core is not None:
+            self.core.grammars.shutdown()
 
     async def __aenter__(self) -> AsyncEngine:
         await self.start()
@@ -118,18 +130,27 @@ class AsyncEngine:
         prompt_token_ids: list[int] | None = None,
         messages: list[Any] | None = None,
         params: SamplingParams | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        options: RequestOptions | None = None,
         resume_token_ids: list[int] | None = None,
         resume_text_chars: int = 0,
     ) -> AsyncIterator[RequestDelta]:
         """Submit a request (exactly one of prompt, prompt_token_ids, messages) and stream its
-        deltas. A request the engine cannot take (``RequestRejected``, a ``ValueError``, e.g.
-        too long for the context) raises from the iterator. Leaving the iteration early
-        aborts the request."""
+        deltas (with ``options.n`` choices, interleaved; the last one has ``done``). A request
+        the engine cannot take (``RequestRejected``, a ``ValueError``, e.g. too long for the
+        context, or a grammar that does not compile) raises, here or from the iterator.
+        Leaving the iteration early aborts the request."""
         if self._loop_task is None or self._stopping:
             raise EngineStopped("the engine is not running; call start() first")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        assert self.core is not None
+        options = options or RequestOptions()
+        spec = self.core.grammar_spec(options)
+        grammar = None
+        if spec is not None:
+            grammar = self.core.grammars.submit(spec)
+            loop = asyncio.get_running_loop()
+            grammar.add_done_callback(lambda _: loop.call_soon_threadsafe(self._wake.set))
         queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
         self._pending.append(
@@ -139,7 +160,8 @@ class AsyncEngine:
                 prompt,
                 prompt_token_ids,
                 messages,
-                chat_template_kwargs,
+                options,
+                grammar,
                 resume_token_ids,
                 resume_text_chars,
             )
@@ -157,7 +179,7 @@ class AsyncEngine:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                finished = item.finish_reason is not None
+                finished = item.done
                 yield item
                 if finished:
                     return
@@ -194,11 +216,13 @@ class AsyncEngine:
         core = self.core
         assert core is not None
         while not self._stopping:
-            if not (self._pending or self._aborts or core.has_unfinished()):
+            self._abort_compiling()
+            if not (any(p.ready for p in self._pending) or self._aborts or core.has_unfinished()):
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            pending, self._pending = self._pending, []
+            pending = [p for p in self._pending if p.ready]
+            self._pending = [p for p in self._pending if not p.ready]
             aborts, self._aborts = self._aborts, set()
             try:
                 deltas, errors = await loop.run_in_executor(
@@ -214,6 +238,19 @@ class AsyncEngine:
                 self._fail(request_id, error)
             self._dispatch(deltas)
 
+    def _abort_compiling(self) -> None:
+        """Requests aborted while their grammar still compiles never reach the engine."""
+        aborted = [p for p in self._pending if not p.ready and p.request_id in self._aborts]
+        for request in aborted:
+            self._pending.remove(request)
+            self._aborts.discard(request.request_id)
+            self._dispatch([_abort_delta(request.request_id)])
+
+    def wire_logprobs(self, entries: list[TokenLogprobs]) -> list[protocol.TokenLogprob]:
+        """Logprob entries with each token's text and bytes, as the wire protocol carries them."""
+        assert self.core is not None
+        return wire_logprobs(entries, self.core.tokenizer)
+
     def _step(
         self, core: EngineCore, pending: list[_PendingRequest], aborts: set[str]
     ) -> tuple[list[RequestDelta], list[tuple[str, Exception]]]:
@@ -227,24 +264,23 @@ class AsyncEngine:
                 continue
             try:
                 ids = core.prompt_ids(
-                    request.prompt,
-                    request.prompt_token_ids,
-                    request.messages,
-                    request.chat_template_kwargs,
+                    request.prompt, request.prompt_token_ids, request.messages, request.options
                 )
+                grammar = request.grammar.result() if request.grammar is not None else None
                 core.add_request(
                     request.request_id,
                     ids,
                     request.params,
+                    request.options,
+                    grammar,
+                    chat=request.messages is not None,
                     resume_token_ids=request.resume_token_ids,
                     resume_text_chars=request.resume_text_chars,
                 )
             except ValueError as exc:
                 errors.append((request.request_id, exc))
         for request_id in aborts:
-            delta = core.abort(request_id)
-            if delta is not None:
-                deltas.append(delta)
+            deltas.extend(core.abort(request_id))
         if core.has_unfinished():
             deltas.extend(core.step())
         self._stats = core.stats()
@@ -256,7 +292,7 @@ class AsyncEngine:
             if queue is None:
                 continue
             queue.put_nowait(delta)
-            if delta.finish_reason is not None:
+            if delta.done:
                 del self._streams[delta.request_id]
 
     def _fail(self, request_id: str, error: BaseException) -> None:
@@ -266,7 +302,7 @@ class AsyncEngine:
 
 
 def _abort_delta(request_id: str) -> RequestDelta:
-    return RequestDelta(request_id, finish_reason="abort", usage=Usage(0, 0, 0))
+    return RequestDelta(request_id, finish_reason="abort", usage=Usage(0, 0, 0), done=True)
 
 
 def _abort_all(core: EngineCore) -> None:

@@ -183,6 +183,26 @@ class BlockManager:
         """Grow a running sequence's table to hold ``num_new_tokens`` more tokens."""
         self._grow(seq, seq.num_computed_tokens + num_new_tokens)
 
+    def fork(
+        self, parent: Sequence, child: Sequence, num_tokens: int
+    ) -> list[tuple[int, int]] | None:
+        """Give ``child`` the KV of ``parent``'s first ``num_tokens`` tokens: full blocks are
+        shared (read-only from now on: both only ever append), the partly filled last block
+        gets a fresh copy. Returns the (source, destination) copies; None if no block is free."""
+        full, partial = divmod(num_tokens, self.block_size)
+        if partial and self.num_free_blocks < 1:
+            return None
+        for block_id in parent.block_table[:full]:
+            self._ref(block_id)
+        child.block_table = parent.block_table[:full]
+        child.block_hashes = parent.block_hashes[:full]
+        child.num_cached_tokens = parent.num_cached_tokens
+        if not partial:
+            return []
+        fresh = self._take_fresh()
+        child.block_table.append(fresh)
+        return [(parent.block_table[full], fresh)]
+
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks; full cached ones stay reusable until evicted."""
         # Tail first, so that a sequence's last blocks are evicted before its prefix, which

@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from engine.chat_templates import MARKUP_TOKENS, hermes_chat_template
+
 DEMO_MODEL_NAME = "sluicegate-demo"
 
 _CORPUS = """\
@@ -28,30 +30,28 @@ Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000. Punctuation: . , ; : ! ? ' " ( ) [ ] {
 system user assistant tool <|begin|> <|end|>
 """
 
-_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+# Hermes-style, so the demo model takes tools (its random weights make the calls nonsense,
+# but tool_choice "required" or a named function still yields a call that validates).
+_CHAT_TEMPLATE = hermes_chat_template(turn_start="<|begin|>", turn_end="<|end|>")
 
 _SPECIAL_TOKENS = ["<|end|>", "<|begin|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>"]
 
 
 def _build_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFast
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=vocab_size - len(MARKUP_TOKENS),
         special_tokens=_SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<|begin|>",
@@ -60,6 +60,17 @@ def _build_tokenizer(vocab_size: int):  # -> transformers.PreTrainedTokenizerFas
         chat_template=_CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
     )
+
+
+_FORMAT = 2
+"""2: Hermes-style template with tools; a folder of an older format is rebuilt."""
+
+
+def _built_by_this_version(marker: Path) -> bool:
+    try:
+        return json.loads(marker.read_text()).get("format") == _FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def create_demo_model(
@@ -84,7 +95,7 @@ def create_demo_model(
 
     root = Path(path)
     marker = root / "sluicegate-demo.json"
-    if marker.exists() and (root / "config.json").exists():
+    if _built_by_this_version(marker) and (root / "config.json").exists():
         return root
     root.mkdir(parents=True, exist_ok=True)
 
@@ -110,7 +121,7 @@ def create_demo_model(
         model = LlamaForCausalLM(config).to(torch.float32).eval()
     model.save_pretrained(root, safe_serialization=True)
     tokenizer.save_pretrained(root)
-    marker.write_text(json.dumps({"name": DEMO_MODEL_NAME, "seed": seed}) + "\n")
+    marker.write_text(json.dumps({"name": DEMO_MODEL_NAME, "seed": seed, "format": _FORMAT}) + "\n")
     return root
 
 

@@ -5,22 +5,28 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from engine.choice_output import ChoiceOutput
 from engine.config import SchedulerConfig
+from engine.grammar import GrammarCompiler, GrammarSpec, structured_spec, tool_call_spec
+from engine.guided import GrammarGuide, TokenBitmask
 from engine.model_runner import ModelRunner
 from engine.models import load_model
 from engine.models.onednn import can_use_onednn, use_onednn_linears
-from engine.protocol import Usage
-from engine.sampler import Sampler, TokenLogprobs
+from engine.protocol import ToolCallDelta, Usage
+from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning, template_has_reasoning
+from engine.request_options import RequestOptions
+from engine.sampler import Sampler, TokenLogprobs, derived_seed
 from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer, template_tools
+from engine.tools import detect_tool_parser, make_tool_parser
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +61,8 @@ class EngineOptions:
     # "native" (our own Llama/Mistral/Qwen2/Qwen3 code), "transformers" (the checkpoint's
     # transformers class on our paged attention), or "auto": native where there is one.
     model_impl: str = "auto"
+    # Tool-call format ("hermes", "llama3_json"); None detects it from the chat template.
+    tool_parser: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +88,44 @@ class RequestDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs] = field(default_factory=list)
     finish_reason: str | None = None
+    """This choice ended ("stop", "length", "abort" or "tool_calls")."""
     usage: Usage | None = None
+    """On a choice's last delta: the prompt once plus every choice's tokens so far."""
     timings: RequestTimings | None = None
+    index: int = 0
+    reasoning_text: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    done: bool = False
+    """The request's last delta: every choice has finished."""
+
+
+@dataclass
+class _Group:
+    """One client request: ``n`` choices sampled from one shared prompt."""
+
+    request_id: str
+    n: int
+    params: SamplingParams
+    options: RequestOptions
+    compiled_grammar: object | None
+    unforked: bool
+    """Choices 1..n-1 are still to be forked from choice 0 once its prompt is computed."""
+    reasoning: bool
+    finished: set[int] = field(default_factory=set)
+    completion_tokens: int = 0
+    num_cached_tokens: int = 0
 
 
 @dataclass
 class _Request:
+    """One choice of a request."""
+
     seq: Sequence
     detokenizer: IncrementalDetokenizer
+    group: _Group
+    index: int = 0
+    output: ChoiceOutput | None = None
+    guide: GrammarGuide | None = None
     delivered_tokens: int = 0
 
 
@@ -141,7 +179,18 @@ class EngineCore:
         )
         self.sampler = Sampler(self.device, options.seed)
         self.eos_token_ids = self.tokenizer.eos_token_ids | set(config.eos_token_ids)
+        template = self.tokenizer.chat_template
+        self.tool_parser = options.tool_parser or detect_tool_parser(template)
+        if self.tool_parser is not None:
+            make_tool_parser(self.tool_parser)  # an unknown name fails at startup
+        self.reasoning = template_has_reasoning(template)
+        self.grammars = GrammarCompiler(
+            self.tokenizer.hf, config.vocab_size, sorted(self.eos_token_ids)
+        )
+        self.bitmask = TokenBitmask(config.vocab_size, options.max_num_seqs)
         self._requests: dict[str, _Request] = {}
+        """Live choices by sequence id; a request's choice 0 has the request's own id."""
+        self._groups: dict[str, _Group] = {}
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
 
@@ -152,7 +201,7 @@ class EngineCore:
         prompt: str | None = None,
         prompt_token_ids: list[int] | None = None,
         messages: list[Any] | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        options: RequestOptions | None = None,
     ) -> list[int]:
         given = [x is not None for x in (prompt, prompt_token_ids, messages)]
         if sum(given) != 1:
@@ -160,57 +209,144 @@ class EngineCore:
         if prompt is not None:
             return self.tokenizer.encode(prompt)
         if messages is not None:
-            return self.tokenizer.apply_chat_template(messages, **(chat_template_kwargs or {}))
+            kwargs = dict(options.chat_template_kwargs or {}) if options else {}
+            if options is not None and options.uses_tools:
+                kwargs["tools"] = template_tools(options.tools or [])
+            return self.tokenizer.apply_chat_template(messages, **kwargs)
         assert prompt_token_ids is not None
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         return list(prompt_token_ids)
 
+    def grammar_spec(self, options: RequestOptions) -> GrammarSpec | None:
+        """What the request's output must match, or None; raises ValueError for a request
+        this model cannot honour (tools without a known call format)."""
+        if options.uses_tools and self.tool_parser is None:
+            raise ValueError(
+                "tools: this model's chat template has no known tool-call format; "
+                "start the engine with --tool-parser"
+            )
+        if options.structured is not None:
+            return structured_spec(options.structured)
+        if options.forces_tool_call:
+            assert self.tool_parser is not None
+            return tool_call_spec(self.tool_parser, options.forced_tools())
+        return None
+
     def add_request(
         self,
         request_id: str,
         prompt_token_ids: list[int],
         params: SamplingParams,
+        options: RequestOptions | None = None,
+        compiled_grammar: object | None = None,
+        chat: bool = False,
         *,
         resume_token_ids: list[int] | None = None,
         resume_text_chars: int = 0,
     ) -> Sequence:
-        """Queue a request; raises ``RequestRejected`` if it can never run here.
+        """Queue a request; raises ``RequestRejected`` if it can never run here. A grammar the
+        options need is compiled here unless ``compiled_grammar`` brings it already. Thinking
+        text is told apart only in ``chat`` requests (a raw prompt's reply is all text).
 
         A resumed request continues after ``resume_token_ids`` (outputs an earlier attempt
         streamed, of which the client was shown the first ``resume_text_chars`` characters of
         text): it goes on exactly as the uninterrupted request would, and its deltas carry only
         what comes after."""
+        options = options or RequestOptions()
         vocab = self.model.config.vocab_size
         if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         resumed = list(resume_token_ids or [])
         if any(not 0 <= t < vocab for t in resumed):
             raise ValueError(f"resume token ids must be in [0, {vocab})")
+        if resumed and options.n > 1:
+            raise ValueError("a request with n > 1 cannot be resumed")
+        if compiled_grammar is None:
+            spec = self.grammar_spec(options)
+            compiled_grammar = self.grammars.compile(spec) if spec is not None else None
         seq = Sequence(
             request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
         )
         self.scheduler.add(seq)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, params.stop)
+        group = _Group(
+            request_id,
+            options.n,
+            params,
+            options,
+            compiled_grammar,
+            unforked=options.n > 1,
+            reasoning=chat and self.reasoning,
+        )
+        self._groups[request_id] = group
+        self._register_choice(group, seq, 0)
         if resumed:
-            detokenizer.replay(resumed, resume_text_chars)
-        self._requests[request_id] = _Request(seq, detokenizer, delivered_tokens=len(resumed))
+            self._replay(self._requests[request_id], resumed, resume_text_chars)
         return seq
 
-    def abort(self, request_id: str) -> RequestDelta | None:
-        """Free the request's blocks now; its final delta, or None if it is not in flight."""
-        request = self._requests.get(request_id)
-        if request is None:
-            return None
-        self.scheduler.abort(request_id)
-        return self._final_delta(request, RequestDelta(request_id), "abort")
+    def _register_choice(self, group: _Group, seq: Sequence, index: int) -> None:
+        output = None
+        if group.reasoning or group.options.uses_tools:
+            splitter = None
+            if group.reasoning:
+                tail = self.tokenizer.decode(seq.prompt_token_ids[-4:])
+                splitter = ReasoningSplitter(prompt_opens_reasoning(tail))
+            parser = make_tool_parser(self.tool_parser) if group.options.uses_tools else None
+            output = ChoiceOutput(splitter, parser)  # type: ignore[arg-type]
+        guide = None
+        if group.compiled_grammar is not None:
+            guide = GrammarGuide(group.compiled_grammar, output is None or output.in_answer)
+        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, seq.params.stop)
+        self._requests[seq.request_id] = _Request(seq, detokenizer, group, index, output, guide)
+
+    def _replay(self, request: _Request, resumed: list[int], emitted_chars: int) -> None:
+        """Bring a resumed choice's grammar, detokenizer and parsers to where the earlier
+        attempt left off; what they would emit for that part was delivered already."""
+        request.detokenizer.replay(resumed, emitted_chars)
+        request.delivered_tokens = len(resumed)
+        request.group.completion_tokens = len(resumed)
+        for token in resumed:
+            if request.guide is not None and request.guide.active:
+                request.guide.accept(token)
+        if request.output is not None:
+            request.output.feed(request.detokenizer.text[:emitted_chars])
+            if request.guide is not None and not request.guide.active:
+                request.guide.active = request.output.in_answer
+
+    def abort(self, request_id: str) -> list[RequestDelta]:
+        """Free the request's blocks now; the final delta of every choice still open (none if
+        the request is not in flight)."""
+        group = self._groups.get(request_id)
+        if group is None:
+            return []
+        deltas = []
+        live = {r.index: r for r in self._requests.values() if r.group is group}
+        for index in range(group.n):
+            if index in group.finished:
+                continue
+            request = live.get(index)
+            if request is not None:
+                self.scheduler.abort(request.seq.request_id)
+                deltas.append(self._final_delta(request, RequestDelta(request_id), "abort"))
+            else:
+                deltas.append(self._close_unstarted_choice(group, index))
+        return deltas
+
+    def _close_unstarted_choice(self, group: _Group, index: int) -> RequestDelta:
+        group.finished.add(index)
+        delta = RequestDelta(group.request_id, index=index, finish_reason="abort")
+        delta.usage = Usage(0, group.completion_tokens, group.num_cached_tokens)
+        delta.done = len(group.finished) == group.n
+        if delta.done:
+            del self._groups[group.request_id]
+        return delta
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def live_request_ids(self) -> list[str]:
-        return list(self._requests)
+        return list(self._groups)
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -220,7 +356,16 @@ class EngineCore:
             return []
         logits = self.runner.run(output)
         sampling_items = [item for item in output.scheduled if item.samples]
-        sampled = self.sampler(logits, [item.seq for item in sampling_items])
+        requests = [self._requests.get(item.seq.request_id) for item in sampling_items]
+        forked_rows = self._fork_choices(sampling_items, requests, output.scheduled)
+        if forked_rows:
+            rows = torch.tensor(forked_rows, device=logits.device)
+            logits = torch.cat([logits, logits.index_select(0, rows)])
+        guides = [r.guide if r is not None else None for r in requests]
+        constrain = None
+        if any(g is not None and g.active for g in guides):
+            constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
+        sampled = self.sampler(logits, [item.seq for item in sampling_items], constrain)
         next_token = iter(sampled.token_ids)
         tokens = [next(next_token) if item.samples else None for item in output.scheduled]
         self.scheduler.postprocess(output, tokens)
@@ -232,18 +377,69 @@ class EngineCore:
                 deltas.append(self._advance(request, logprobs))
         return deltas
 
+    def _fork_choices(
+        self,
+        sampling_items: list[ScheduledSequence],
+        requests: list[_Request | None],
+        scheduled: list[ScheduledSequence],
+    ) -> list[int]:
+        """Create choices 1..n-1 of every request whose prompt this step finished: they share
+        its full KV blocks and get a copy of the partly filled last one, then sample from the
+        same logits row. Appends them to the step's items; returns the rows they sample."""
+        rows: list[int] = []
+        for row in range(len(sampling_items)):
+            request = requests[row]
+            if request is None or not request.group.unforked:
+                continue
+            group, parent, item = request.group, request.seq, sampling_items[row]
+            group.unforked = False
+            for index in range(1, group.n):
+                params = group.params
+                if params.seed is not None:
+                    params = replace(params, seed=derived_seed(params.seed, index))
+                child = Sequence(
+                    f"{group.request_id}\x1f{index}",
+                    parent.prompt_token_ids,
+                    params,
+                    self.eos_token_ids,
+                    arrival_time=parent.arrival_time,
+                )
+                copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
+                self._register_choice(group, child, index)
+                if copies is None:
+                    continue  # no free block: it computes its own prompt (prefix-cache hits)
+                self.runner.copy_blocks(copies)
+                child_item = ScheduledSequence(child, item.num_new_tokens)
+                sampling_items.append(child_item)
+                scheduled.append(child_item)
+                requests.append(self._requests[child.request_id])
+                rows.append(row)
+        return rows
+
     def _advance(self, request: _Request, logprobs: TokenLogprobs | None) -> RequestDelta:
         seq = request.seq
+        group = request.group
         new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens :]
         if new_tokens and seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
         request.delivered_tokens += len(new_tokens)
+        group.completion_tokens += len(new_tokens)
         self.num_generated_tokens += len(new_tokens)
         delta = RequestDelta(
-            seq.request_id, num_prompt_tokens=seq.num_prompt_tokens, token_ids=new_tokens
+            group.request_id,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            token_ids=new_tokens,
+            index=request.index,
         )
         if logprobs is not None:
             delta.logprobs.append(logprobs)
+        guide = request.guide
+        for token in new_tokens:
+            if guide is not None and not guide.accept(token) and not seq.is_finished:
+                logger.error("%s: the grammar refused token %d", seq.request_id, token)
+                self.scheduler.finish(seq, "stop")
+        if guide is not None and guide.terminated and not seq.is_finished:
+            self.scheduler.finish(seq, "stop")
         detokenizer = request.detokenizer
         for token in new_tokens:
             detokenizer.add_token(token)
@@ -251,18 +447,44 @@ class EngineCore:
             self.scheduler.finish(seq, "stop")
         if seq.is_finished:
             return self._final_delta(request, delta, seq.finish_reason or "stop")
-        delta.text = detokenizer.pop_delta()
+        self._route_text(request, delta, detokenizer.pop_delta())
+        if guide is not None and not guide.active and request.output is not None:
+            guide.active = request.output.in_answer
         return delta
+
+    def _route_text(self, request: _Request, delta: RequestDelta, text: str, final: bool = False):
+        output = request.output
+        if output is None:
+            delta.text = text
+            return
+        routed = output.feed(text) if text else None
+        parts = [routed] if routed is not None else []
+        if final:
+            parts.append(output.finish())
+        for part in parts:
+            delta.text += part.content
+            delta.reasoning_text += part.reasoning
+            delta.tool_calls += part.tool_calls
 
     def _final_delta(self, request: _Request, delta: RequestDelta, reason: str) -> RequestDelta:
         seq = request.seq
+        group = request.group
         del self._requests[seq.request_id]
-        delta.text = request.detokenizer.pop_delta(final=True)
+        delta.index = request.index
+        self._route_text(request, delta, request.detokenizer.pop_delta(final=True), final=True)
+        if reason == "stop" and request.output is not None and request.output.num_tool_calls:
+            reason = "tool_calls"
         delta.finish_reason = reason
+        if request.index == 0:
+            group.num_cached_tokens = seq.num_cached_tokens
+        group.finished.add(request.index)
+        delta.done = len(group.finished) == group.n
+        if delta.done:
+            del self._groups[group.request_id]
         delta.usage = Usage(
             prompt_tokens=seq.num_prompt_tokens,
-            completion_tokens=request.delivered_tokens,
-            cached_tokens=seq.num_cached_tokens,
+            completion_tokens=group.completion_tokens,
+            cached_tokens=group.num_cached_tokens,
         )
         delta.timings = RequestTimings(
             arrival=seq.arrival_time,

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.engine_core import EngineCore, EngineOptions, RequestDelta
+from engine.protocol import ToolCall
+from engine.request_options import RequestOptions
 from engine.sampler import TokenLogprobs
 from engine.sampling import SamplingParams
 
@@ -27,6 +29,8 @@ class RequestOutput:
     """"stop" (EOS, stop token or stop string), "length" (max_tokens) or "abort"."""
     logprobs: list[TokenLogprobs] | None = None
     num_cached_tokens: int = 0
+    reasoning_text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
 
 class LLM:
@@ -71,6 +75,7 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        options: RequestOptions | None = None,
     ) -> list[RequestOutput]:
         """Generate for each prompt (text, or token ids); outputs come in prompt order."""
         if isinstance(prompts, str) or (
@@ -85,18 +90,22 @@ class LLM:
             for p in prompt_list
         ]
         texts = [p if isinstance(p, str) else None for p in prompt_list]
-        return self._run(texts, token_ids, params)
+        return self._run(texts, token_ids, params, options)
 
     def chat(
         self,
         conversations: Messages | Sequence[Messages],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        options: RequestOptions | None = None,
     ) -> list[RequestOutput]:
-        """Generate the assistant's reply to each conversation, via the chat template."""
+        """Generate the assistant's reply to each conversation, via the chat template;
+        ``options`` adds tools, structured output or template variables (one choice each)."""
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # type: ignore[list-item]
-        token_ids = [self.engine.prompt_ids(messages=list(c)) for c in conversations]
-        return self._run([None] * len(token_ids), token_ids, params)
+        token_ids = [
+            self.engine.prompt_ids(messages=list(c), options=options) for c in conversations
+        ]
+        return self._run([None] * len(token_ids), token_ids, params, options, chat=True)
 
     def stats(self) -> dict[str, Any]:
         return self.engine.stats()
@@ -106,7 +115,11 @@ class LLM:
         texts: list[str | None],
         token_ids: list[list[int]],
         params: SamplingParams | Sequence[SamplingParams] | None,
+        options: RequestOptions | None = None,
+        chat: bool = False,
     ) -> list[RequestOutput]:
+        if options is not None and options.n != 1:
+            raise ValueError("n > 1 is served by AsyncEngine; LLM returns one choice per prompt")
         if params is None or isinstance(params, SamplingParams):
             params_list = [params or SamplingParams()] * len(token_ids)
         else:
@@ -118,7 +131,7 @@ class LLM:
         try:
             for text, ids, p in zip(texts, token_ids, params_list, strict=True):
                 request_id = f"llm-{next(self._ids)}"
-                engine.add_request(request_id, ids, p)
+                engine.add_request(request_id, ids, p, options, chat=chat)
                 outputs[request_id] = RequestOutput(
                     request_id, text, ids, logprobs=[] if p.logprobs is not None else None
                 )
@@ -135,6 +148,11 @@ class LLM:
 def _apply(output: RequestOutput, delta: RequestDelta) -> None:
     output.token_ids.extend(delta.token_ids)
     output.text += delta.text
+    output.reasoning_text += delta.reasoning_text
+    for fragment in delta.tool_calls:
+        if fragment.id is not None:
+            output.tool_calls.append(ToolCall(fragment.id, fragment.name or "", ""))
+        output.tool_calls[fragment.index].arguments += fragment.arguments
     if output.logprobs is not None:
         output.logprobs.extend(delta.logprobs)
     if delta.finish_reason is not None:

@@ -146,6 +146,15 @@ class ModelRunner:
             attention.v_cache = cache[layer, 1]
         return cache
 
+    @torch.inference_mode()
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks (every layer, K and V): a forked choice's own last block."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
+        dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
     # -- one step ---------------------------------------------------------------------------
 
     @torch.inference_mode()

@@ -7,6 +7,7 @@ was preempted and recomputed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from typing import Protocol
@@ -42,6 +43,11 @@ class SamplerOutput:
     logprobs: list[TokenLogprobs | None]
 
 
+def derived_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of a request seeded with ``seed`` (choice 0 keeps it)."""
+    return seed if index == 0 else (seed + index * _SEED_MIX) & _SEED_MASK
+
+
 def seeded_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(((seed * _SEED_MIX) ^ (position * 0x632BE59BD9B4E019)) & _SEED_MASK)
@@ -58,7 +64,14 @@ class Sampler:
             self.generator.manual_seed(seed)
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: SequenceOf[SampledSequence]) -> SamplerOutput:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        seqs: SequenceOf[SampledSequence],
+        constrain: Callable[[torch.Tensor], None] | None = None,
+    ) -> SamplerOutput:
+        """``constrain`` masks forbidden tokens in place (grammars); logprobs are taken from
+        the model's raw distribution before it, as vLLM does."""
         params = [seq.params for seq in seqs]
         logits = logits.float()
         raw_logprobs = (
@@ -66,6 +79,8 @@ class Sampler:
             if any(p.logprobs is not None for p in params)
             else None
         )
+        if constrain is not None:
+            constrain(logits)
         if any(p.has_penalties or p.logit_bias for p in params):
             logits = logits.clone()
             for row, seq in enumerate(seqs):
@@ -164,16 +179,25 @@ def _gather_logprobs(
     params: SequenceOf[SamplingParams],
     token_ids: list[int],
 ) -> list[TokenLogprobs | None]:
+    """The sampled token's logprob and each row's top k, for every row in one gather and one
+    top-k over the batch (one device-to-host copy)."""
     if raw_logprobs is None:
         return [None] * len(params)
+    device = raw_logprobs.device
+    sampled = raw_logprobs.gather(1, torch.tensor(token_ids, device=device)[:, None])[:, 0]
+    k = max(p.logprobs or 0 for p in params)
+    sampled_list = sampled.tolist()
+    top_values: list[list[float]] = [[] for _ in params]
+    top_ids: list[list[int]] = [[] for _ in params]
+    if k > 0:
+        values, indices = raw_logprobs.topk(k, dim=-1)
+        top_values, top_ids = values.tolist(), indices.tolist()
     result: list[TokenLogprobs | None] = []
     for row, (p, token) in enumerate(zip(params, token_ids, strict=True)):
         if p.logprobs is None:
             result.append(None)
             continue
-        top: list[tuple[int, float]] = []
-        if p.logprobs > 0:
-            values, indices = raw_logprobs[row].topk(p.logprobs)
-            top = list(zip(indices.tolist(), values.tolist(), strict=True))
-        result.append(TokenLogprobs(token, raw_logprobs[row, token].item(), top))
+        n = p.logprobs
+        top = list(zip(top_ids[row][:n], top_values[row][:n], strict=True))
+        result.append(TokenLogprobs(token, sampled_list[row], top))
     return result

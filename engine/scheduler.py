@@ -170,6 +170,27 @@ class Scheduler:
         self.num_preemptions += 1
         seq.num_preemptions += 1
 
+    def fork(
+        self, parent: Sequence, child: Sequence, num_new_tokens: int, offset: int
+    ) -> list[tuple[int, int]] | None:
+        """Start ``child`` (same prompt) from the KV state ``parent`` reaches in this step:
+        full blocks shared, the partly filled last one copied. The child runs right behind
+        the parent (``offset`` places siblings in order) and this step's sampling row of the
+        parent is its too. Returns the (source, destination) block copies to make; None when
+        no block is free, and the child then waits to compute its prompt itself."""
+        computed = parent.num_computed_tokens + num_new_tokens
+        copies = self.block_manager.fork(parent, child, computed)
+        self._live[child.request_id] = child
+        if copies is None:
+            child.status = SequenceStatus.WAITING
+            self.waiting.appendleft(child)
+            return None
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.status = SequenceStatus.RUNNING
+        child.first_scheduled_time = parent.first_scheduled_time
+        self.running.insert(self.running.index(parent) + offset, child)
+        return copies
+
     # -- results ----------------------------------------------------------------------------
 
     def postprocess(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:

@@ -21,12 +21,28 @@ class Tokenizer:
     def __init__(self, model_path: str | Path) -> None:
         self.hf: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(model_path))
         self.eos_token_ids = _eos_token_ids(self.hf, Path(model_path))
+        self._token_bytes: list[bytes] | None = None
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text))
 
     def decode(self, token_ids: Iterable[int]) -> str:
         return self.hf.decode(list(token_ids), skip_special_tokens=True)
+
+    @property
+    def chat_template(self) -> str | None:
+        template = self.hf.chat_template
+        if isinstance(template, dict):
+            return template.get("tool_use") or template.get("default")
+        return template
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes one token stands for (byte-level and byte-fallback aware)."""
+        if self._token_bytes is None:
+            self._token_bytes = _decoded_vocab(self.hf)
+        if 0 <= token_id < len(self._token_bytes) and self._token_bytes[token_id]:
+            return self._token_bytes[token_id]
+        return self.hf.decode([token_id]).encode()
 
     def apply_chat_template(self, messages: list[Any], **template_kwargs: Any) -> list[int]:
         """Messages are mappings or objects with ``role``/``content`` (e.g. protocol structs);
@@ -45,11 +61,52 @@ class Tokenizer:
 
 def _message_dict(message: Any) -> dict[str, Any]:
     if isinstance(message, Mapping):
-        return dict(message)
-    fields = {"role": message.role, "content": message.content or ""}
-    if getattr(message, "name", None):
-        fields["name"] = message.name
+        fields = dict(message)
+    else:
+        fields = {"role": message.role, "content": message.content or ""}
+        for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
+            if getattr(message, name, None):
+                fields[name] = getattr(message, name)
+    if fields.get("tool_calls"):
+        fields["tool_calls"] = [_template_tool_call(call) for call in fields["tool_calls"]]
     return fields
+
+
+def _template_tool_call(call: Any) -> dict[str, Any]:
+    """An earlier turn's call in the shape chat templates read (Hugging Face's convention:
+    ``function.arguments`` a mapping, which templates serialise with ``tojson``)."""
+    if isinstance(call, Mapping) and "function" in call:
+        return dict(call)
+    get = call.get if isinstance(call, Mapping) else lambda key: getattr(call, key, None)
+    arguments: Any = get("arguments") or "{}"
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return {
+        "id": get("id"),
+        "type": "function",
+        "function": {"name": get("name"), "arguments": arguments},
+    }
+
+
+def template_tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Tools in the OpenAI shape chat templates expect (``{"type": "function", ...}``)."""
+    rendered = []
+    for tool in tools:
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description:
+            function["description"] = tool.description
+        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+        rendered.append({"type": "function", "function": function})
+    return rendered
+
+
+def _decoded_vocab(hf: PreTrainedTokenizerBase) -> list[bytes]:
+    import xgrammar
+
+    return list(xgrammar.TokenizerInfo.from_huggingface(hf).decoded_vocab)
 
 
 def _eos_token_ids(hf: PreTrainedTokenizerBase, model_path: Path) -> set[int]:

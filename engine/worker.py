@@ -390,15 +390,20 @@ class Worker:
             self._room.set()
 
     async def _start_request(self, request: protocol.Request) -> AsyncIterator[Any]:
+        from engine.request_options import RequestOptions
         from engine.sampling import SamplingParams
 
-        unsupported = _unsupported_field(request)
-        if unsupported is not None:
-            raise ValueError(f"{unsupported} is not supported by this engine worker yet")
         params = SamplingParams(**msgspec.structs.asdict(request.sampling))
-        kwargs: dict[str, Any] = {"params": params}
-        if request.chat_template_kwargs:
-            kwargs["chat_template_kwargs"] = request.chat_template_kwargs
+        options = RequestOptions(
+            n=request.n,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            tool_choice_name=request.tool_choice_name,
+            parallel_tool_calls=request.parallel_tool_calls,
+            structured=request.structured,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
+        kwargs: dict[str, Any] = {"params": params, "options": options}
         if request.messages is not None:
             kwargs["messages"] = msgspec.to_builtins(request.messages)
         elif request.prompt_token_ids is not None:
@@ -430,9 +435,13 @@ class Worker:
             else:
                 self.metrics.time_to_first_token.observe(now - item.pulled_at)
             item.last_delta_at = now
-        if finish_reason is None and not token_ids and not getattr(output, "text", ""):
-            return
         text = getattr(output, "text", "") or ""
+        reasoning_text = getattr(output, "reasoning_text", "") or ""
+        tool_calls = list(getattr(output, "tool_calls", None) or [])
+        if finish_reason is None and not (token_ids or text or reasoning_text or tool_calls):
+            return
+        logprobs = getattr(output, "logprobs", None)
+        wire_logprobs = self.engine.wire_logprobs(logprobs) if logprobs else []
         usage = None
         if item.seq == 0 or finish_reason is not None:
             usage = protocol.Usage(
@@ -448,15 +457,19 @@ class Worker:
             finish_reason=finish_reason,
             usage=usage,
             worker_id=self.options.worker_id,
+            index=getattr(output, "index", 0),
+            reasoning_text=reasoning_text,
+            tool_calls=tool_calls,
+            logprobs=wire_logprobs,
         )
         item.seq += 1
         # "Started" means the client may have been shown text: from then on the request
         # cannot move to another worker. Tokens without text yet are invisible to the client.
         started = None
-        if not item.started and (text or finish_reason is not None):
+        if not item.started and (text or reasoning_text or tool_calls or finish_reason):
             item.started = True
             started = protocol.started_key(self.options.model_name, item.request.request_id)
-        if finish_reason is not None:
+        if getattr(output, "done", finish_reason is not None):
             self.tracer.request_finished(item.request, item.pulled_at, output)
             self._finish(item, delta, started)
         else:
@@ -691,24 +704,6 @@ class _Backoff:
         await asyncio.sleep(self.delay)
 
 
-def _unsupported_field(request: protocol.Request) -> str | None:
-    """The first protocol-v3 field this worker cannot honour yet (never dropped silently)."""
-    if request.n != 1:
-        return "n"
-    if request.tools:
-        return "tools"
-    if request.tool_choice not in ("auto", "none"):
-        return "tool_choice"
-    if request.structured is not None:
-        return "response_format"
-    if request.sampling.logprobs is not None:
-        return "logprobs"
-    for index, message in enumerate(request.messages or []):
-        if message.tool_calls or message.tool_call_id:
-            return f"messages[{index}].tool_calls"
-    return None
-
-
 def _batchable(item: _InFlight) -> bool:
     return item.request.v >= protocol.BATCH_VERSION
 
@@ -802,6 +797,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="native code or the checkpoint's transformers class on our paged attention "
         "(default auto: native for Llama, Mistral, Qwen2, Qwen3, else transformers)",
     )
+    engine.add_argument(
+        "--tool-parser",
+        help="tool-call format: hermes or llama3_json (default: detected from the chat template)",
+    )
     engine.add_argument("--log-level", default=os.environ.get("SLUICEGATE_LOG_LEVEL", "INFO"))
     return parser
 
@@ -819,6 +818,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "device",
         "num_threads",
         "model_impl",
+        "tool_parser",
     )
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -24,12 +24,12 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from engine.chat_templates import MARKUP_TOKENS, hermes_chat_template
+
 VOCAB_SIZE = 320
 EOS_TOKEN = "</s>"
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+CHAT_TEMPLATE = hermes_chat_template()
+THINKING_CHAT_TEMPLATE = hermes_chat_template(thinking=True)
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
     "Paged attention stores keys and values in fixed-size blocks of sixteen tokens.",
@@ -39,25 +39,28 @@ _CORPUS = [
 ]
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
+def build_tokenizer(thinking: bool = False) -> PreTrainedTokenizerFast:
     """A byte-level BPE (every UTF-8 byte is a token, so multi-byte characters split across
-    tokens, as the detokenizer must handle)."""
+    tokens, as the detokenizer must handle) with a Hermes-style chat template that supports
+    tools (and, with ``thinking``, Qwen3-style ``<think>`` blocks). The call and thinking markup
+    are single added tokens that stay in decoded text, as in Qwen's tokenizers."""
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=["<s>", EOS_TOKEN, "<pad>"],
+        vocab_size=VOCAB_SIZE - len(MARKUP_TOKENS),
+        special_tokens=["<s>", EOS_TOKEN, "<pad>", "<|im_start|>", "<|im_end|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token="<s>",
         eos_token=EOS_TOKEN,
         pad_token="<pad>",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=THINKING_CHAT_TEMPLATE if thinking else CHAT_TEMPLATE,
     )
 
 
@@ -117,7 +120,7 @@ def save_model(kind: str, folder: Path) -> Path:
                 param.normal_(0, 0.3)
     shard = "60KB" if kind == "llama" else "50MB"
     model.save_pretrained(folder, max_shard_size=shard)
-    build_tokenizer().save_pretrained(folder)
+    build_tokenizer(thinking=kind == "qwen3").save_pretrained(folder)
     return folder
 
 

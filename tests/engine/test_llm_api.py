@@ -53,7 +53,9 @@ def test_per_prompt_params_and_stop_token_ids(llm: LLM) -> None:
 
 def test_chat_applies_the_template(llm: LLM) -> None:
     (output,) = llm.chat([{"role": "user", "content": "hi"}], GREEDY)
-    expected = llm.tokenizer.hf.encode("<|user|>hi\n<|assistant|>", add_special_tokens=False)
+    expected = llm.tokenizer.hf.encode(
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False
+    )
     assert output.prompt_token_ids == expected
     batch = llm.chat(
         [[{"role": "user", "content": "hi"}], [{"role": "system", "content": "be brief"}]], GREEDY

@@ -1,0 +1,70 @@
+"""Per-sequence grammar matchers and the one batched token bitmask of a step.
+
+Only rows whose sequence has an active matcher are filled and masked; a step without any
+pays nothing (no bitmask, not even the xgrammar import).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class GrammarGuide:
+    """One sequence's matcher. ``active`` is False while a thinking model is still reasoning:
+    the grammar governs the answer only."""
+
+    def __init__(self, compiled: Any, active: bool = True) -> None:
+        import xgrammar
+
+        self.compiled = compiled
+        self.matcher = xgrammar.GrammarMatcher(compiled)
+        self.active = active
+
+    def fork(self) -> GrammarGuide:
+        """A fresh guide for a sibling choice (it has accepted nothing yet)."""
+        return GrammarGuide(self.compiled, self.active)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False if the grammar refuses it."""
+        if not self.active:
+            return True
+        return bool(self.matcher.accept_token(token_id))
+
+    @property
+    def terminated(self) -> bool:
+        return self.active and self.matcher.is_terminated()
+
+
+class TokenBitmask:
+    """A reusable bitmask for up to ``max_rows`` rows, filled and applied once per step."""
+
+    def __init__(self, vocab_size: int, max_rows: int) -> None:
+        self.vocab_size = vocab_size
+        self.max_rows = max_rows
+        self._bitmask: torch.Tensor | None = None
+
+    def apply(self, logits: torch.Tensor, guides: list[GrammarGuide | None]) -> None:
+        """Mask (to -inf) every token each guided row's grammar forbids, in place."""
+        rows = [row for row, guide in enumerate(guides) if guide is not None and guide.active]
+        if not rows:
+            return
+        import xgrammar
+
+        if self._bitmask is None or self._bitmask.shape[0] < len(guides):
+            size = max(self.max_rows, len(guides))
+            self._bitmask = xgrammar.allocate_token_bitmask(size, self.vocab_size)
+        bitmask = self._bitmask[: len(guides)]
+        for row in rows:
+            guide = guides[row]
+            assert guide is not None
+            guide.matcher.fill_next_token_bitmask(bitmask, row)
+        if logits.device.type != "cpu":
+            bitmask = bitmask.to(logits.device, non_blocking=True)
+        xgrammar.apply_token_bitmask_inplace(
+            logits, bitmask, vocab_size=self.vocab_size, indices=rows
+        )
