@@ -16,7 +16,7 @@ PALETTE = ("#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2", "#4
 OTHER_COLOUR = "#94a3b8"
 MAX_SERIES = len(PALETTE)
 WIDTH, HEIGHT = 760, 260
-LEFT, RIGHT, TOP, BOTTOM = 56, 64, 16, 36
+LEFT, RIGHT, TOP, BOTTOM = 56, 64, 32, 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,18 +34,24 @@ def compact(value: float) -> str:
 
 
 def money(micros: int, currency: str) -> str:
+    """Cents for sums of a unit or more; four decimals below, where LLM spend often is."""
     amount = micros / 1e6
-    if amount and abs(amount) < 0.01:
-        return f"{amount:.6f} {currency}".rstrip("0")
+    if amount == 0:
+        return f"0.00 {currency}"
+    if abs(amount) < 0.0001:
+        return f"{amount:.6f} {currency}"
+    if abs(amount) < 1:
+        return f"{amount:.4f} {currency}"
     return f"{amount:,.2f} {currency}"
 
 
 def _nice_ceiling(value: float) -> float:
-    """The smallest 1, 2, 2.5 or 5 times a power of ten that is at least ``value``."""
+    """The smallest 1, 2, 4, 6 or 8 times a power of ten that is at least ``value`` (each
+    divides into four round ticks)."""
     if value <= 0:
         return 1.0
     magnitude = 10 ** math.floor(math.log10(value))
-    for step in (1, 2, 2.5, 5, 10):
+    for step in (1, 2, 4, 6, 8, 10):
         if value <= step * magnitude:
             return step * magnitude
     return 10 * magnitude
@@ -134,8 +140,8 @@ def daily_chart(
                     "</circle>"
                 )
     parts.append(
-        f'<text x="{LEFT}" y="{TOP - 4}" class="axis-title">tokens</text>'
-        f'<text x="{WIDTH - RIGHT + 8}" y="{TOP - 4}" class="axis-title">'
+        f'<text x="{LEFT - 8}" y="14" class="axis-title" text-anchor="end">tokens</text>'
+        f'<text x="{WIDTH - RIGHT + 8}" y="14" class="axis-title">'
         f"{html.escape(currency)}</text></svg>"
     )
     return Markup("".join(parts)), legend
