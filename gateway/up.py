@@ -333,6 +333,7 @@ Sluicegate is up at {base_url}   (logs: {log_dir})
   model:      {served_name}
   admin key:  {master_key}
   API key:    {api_key}
+  admin UI:   {base_url}/ui   (sign in with the admin key)
 {_examples(base_url, api_key, served_name)}
 Press Ctrl-C to stop."""
     )

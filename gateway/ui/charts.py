@@ -131,6 +131,8 @@ def daily_chart(
         points.append((cx, cy, day))
     if points:
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in points)
+        # A white halo keeps the line readable where it crosses bars of any colour.
+        parts.append(f'<polyline points="{path}" class="spend-halo"/>')
         parts.append(f'<polyline points="{path}" class="spend-line"/>')
         for x, y, day in points:
             if spend[day]:
