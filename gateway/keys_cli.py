@@ -19,11 +19,16 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from gateway.auth import generate_key, publish_invalidation
+from gateway.api.admin import service
+from gateway.auth import publish_invalidation
 from gateway.db import keys as key_queries
+from gateway.db.audit import Actor
 from gateway.db.models import ApiKey
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.settings import Settings
+
+CLI_ACTOR = Actor(name="cli")
+"""Who the audit log names for changes made with ``sluicegate keys``."""
 
 
 def _models(value: str) -> list[str]:
@@ -79,26 +84,24 @@ def _summary(row: ApiKey) -> dict[str, Any]:
 
 
 async def _create(settings: Settings, args: argparse.Namespace) -> int:
-    plaintext, key_hash, prefix = generate_key()
     expires_at = None
     if args.expires_in_days:
         expires_at = dt.datetime.now(dt.UTC) + dt.timedelta(days=args.expires_in_days)
     engine = create_engine(settings.database_url, pool_size=1)
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
-            row = await key_queries.create_key(
-                session,
-                name=args.name,
-                key_hash=key_hash,
-                key_prefix=prefix,
-                allowed_models=args.models,
-                rpm_limit=args.rpm,
-                tpm_limit=args.tpm,
-                max_parallel_requests=args.parallel,
-                token_budget=args.budget_tokens,
-                budget_period=args.budget_period,
-                expires_at=expires_at,
-            )
+            fields = {
+                "name": args.name,
+                "allowed_models": args.models,
+                "rpm_limit": args.rpm,
+                "tpm_limit": args.tpm,
+                "max_parallel_requests": args.parallel,
+                "token_budget": args.budget_tokens,
+                "budget_period": args.budget_period,
+                "expires_at": expires_at,
+            }
+            # Through the admin service, so the CLI's changes are in the audit log too.
+            row, plaintext = await service.create_key(session, CLI_ACTOR, fields, None, None)
     finally:
         await engine.dispose()
     if args.json:
@@ -131,7 +134,9 @@ async def _revoke(settings: Settings, args: argparse.Namespace) -> int:
     engine = create_engine(settings.database_url, pool_size=1)
     try:
         async with create_sessionmaker(engine)() as session, session.begin():
-            row = await key_queries.revoke_key(session, args.key_id)
+            row = await key_queries.get_key(session, args.key_id)
+            if row is not None:
+                row = await service.revoke_key(session, CLI_ACTOR, args.key_id, None)
     finally:
         await engine.dispose()
     if row is None:

@@ -13,6 +13,7 @@ usage keeps the cost it was given at settle: a new price never rewrites it.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import time
@@ -138,25 +139,40 @@ class PriceBook:
         self._refresh_s = refresh_s
         self._history: dict[str, tuple[list[float], list[Price]]] = {}
         self._loaded_at = float("-inf")
+        self._must_load = True
+        """Until the first load, and after a local change: answer only from a fresh table."""
+        self._loading: asyncio.Task[None] | None = None
 
     @property
     def configured(self) -> dict[str, Price]:
         return dict(self._configured)
 
     def invalidate(self) -> None:
-        self._loaded_at = float("-inf")
+        self._must_load = True
 
     async def price_at(self, model: str, when: float | None = None) -> Price | None:
-        """The price in force for ``model`` at Unix time ``when`` (now by default)."""
+        """The price in force for ``model`` at Unix time ``when`` (now by default).
+
+        A table older than ``refresh_s`` is refreshed in the background (requests are not held
+        up by the database), one load at a time however many requests ask."""
         when = time.time() if when is None else when
-        if self._sessionmaker is not None and time.monotonic() - self._loaded_at > self._refresh_s:
-            await self._load()
+        if self._sessionmaker is not None:
+            if self._must_load:
+                await asyncio.shield(self._start_load())
+            elif time.monotonic() - self._loaded_at > self._refresh_s:
+                self._start_load()
         history = self._history.get(model)
         if history is not None:
             index = bisect.bisect_right(history[0], when) - 1
             if index >= 0:
                 return history[1][index]
         return self._configured.get(model)
+
+    def _start_load(self) -> asyncio.Task[None]:
+        if self._loading is None or self._loading.done():
+            self._must_load = False
+            self._loading = asyncio.create_task(self._load(), name="price-book-load")
+        return self._loading
 
     async def _load(self) -> None:
         assert self._sessionmaker is not None

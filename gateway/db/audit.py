@@ -21,6 +21,8 @@ class Actor:
 
     key_id: uuid.UUID | None = None
     team_id: uuid.UUID | None = None
+    name: str | None = None
+    """Set for a trusted tool with database access (``cli``) instead of a key."""
 
     @property
     def is_master(self) -> bool:
@@ -28,6 +30,8 @@ class Actor:
 
     @property
     def label(self) -> str:
+        if self.name is not None:
+            return self.name
         return "master" if self.key_id is None else f"key:{self.key_id}"
 
 

@@ -7,6 +7,7 @@ transaction: replaying a batch, or two flushers racing on one, never counts a re
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections import defaultdict
@@ -249,10 +250,21 @@ class DatabaseSpend:
 
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
         self._sessionmaker = sessionmaker
+        self._pending: dict[tuple[str, str, dt.date | None], asyncio.Future[tuple[int, int]]] = {}
 
     async def spent(self, kind: str, scope_id: str, period: str | None) -> tuple[int, int]:
+        # One query per scope however many requests find its counters missing at once (a
+        # busy key at midnight, or every key after a FLUSHALL).
         since = budget_period_start(period, dt.datetime.now(dt.UTC))
-        scope = uuid.UUID(scope_id)
+        flight = (kind, scope_id, since)
+        future = self._pending.get(flight)
+        if future is None:
+            future = asyncio.ensure_future(self._query(kind, uuid.UUID(scope_id), since))
+            self._pending[flight] = future
+            future.add_done_callback(lambda _: self._pending.pop(flight, None))
+        return await asyncio.shield(future)
+
+    async def _query(self, kind: str, scope: uuid.UUID, since: dt.date | None) -> tuple[int, int]:
         async with self._sessionmaker() as session:
             if kind == "team":
                 return await spent_since(session, team_id=scope, since=since)

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth import KeyCache
-from gateway.db.models import ApiKey
+from gateway.db.models import ApiKey, AuditEntry
 from gateway.errors import AuthenticationFailed
 from gateway.keys_cli import main
 from gateway.settings import Settings
@@ -98,3 +98,21 @@ async def test_bad_input_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
         main(["create", "--name", "x", "--budget-period", "week"])
     with pytest.raises(SystemExit):
         main(["create", "--name", "x", "--rpm", "0"])
+
+
+async def test_cli_changes_are_in_the_audit_log(
+    capsys: pytest.CaptureFixture[str], db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    _, out = await _run(capsys, "create", "--name", "audited", "--json")
+    created = json.loads(out)
+    code, _ = await _run(capsys, "revoke", created["id"])
+    assert code == 0
+    async with db_sessionmaker() as session:
+        entries = (
+            (await session.execute(select(AuditEntry).order_by(AuditEntry.id))).scalars().all()
+        )
+    assert [(e.actor, e.action, e.target_id) for e in entries] == [
+        ("cli", "key.create", created["id"]),
+        ("cli", "key.revoke", created["id"]),
+    ]
+    assert created["key"] not in str([(e.before, e.after) for e in entries])
