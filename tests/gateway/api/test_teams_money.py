@@ -248,3 +248,41 @@ async def test_after_flushall_a_spent_budget_still_refuses(
         assert info["budget"]["period_start"] == dt.datetime.now(dt.UTC).date().isoformat()
     finally:
         server.stop()
+
+
+def test_a_team_rate_limit_binds_the_sum_of_its_keys(
+    money_settings: Settings, replicas: tuple[str, str]
+) -> None:
+    team = _admin(
+        money_settings,
+        replicas[0],
+        "POST",
+        "/admin/teams",
+        json={"name": f"rl-{uuid.uuid4().hex[:6]}", "rpm_limit": 3},
+    )
+    keys = [
+        _admin(
+            money_settings,
+            replicas[0],
+            "POST",
+            "/admin/keys",
+            json={"name": f"k{i}", "team_id": team["id"], "rpm_limit": 100},
+        )["key"]
+        for i in range(2)
+    ]
+    responses = [_chat(replicas[i % 2], keys[i % 2]) for i in range(4)]
+    assert [r.status_code for r in responses] == [200, 200, 200, 429]
+    refused = responses[-1].json()["error"]
+    assert refused["type"] == "requests" and "team" in refused["message"]
+    assert responses[-1].headers["x-ratelimit-limit-requests"] == "3"
+
+    # The team's allowed models bind its keys too.
+    _admin(
+        money_settings,
+        replicas[0],
+        "PATCH",
+        f"/admin/teams/{team['id']}",
+        json={"allowed_models": ["slow"], "rpm_limit": None},
+    )
+    denied = _chat(replicas[1], keys[0])
+    assert denied.status_code == 403 and denied.json()["error"]["param"] == "model"
