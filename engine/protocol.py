@@ -72,8 +72,9 @@ def heartbeat_key(model: str, worker_id: str) -> str:
     return f"sg:hb:{{{model}}}:{worker_id}"
 
 
-def heartbeat_pattern(model: str | None = None) -> str:
-    return f"sg:hb:{{{model}}}:*" if model else "sg:hb:*"
+MODEL_REGISTRY = "sg:models"
+"""Sorted set: served model name -> Unix time of its latest worker heartbeat. The gateway
+discovers models from it (no SCAN, which a Redis Cluster would need on every node)."""
 
 
 class Sampling(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):

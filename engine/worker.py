@@ -34,6 +34,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from engine import protocol
 from engine.metrics import HealthServer, WorkerMetrics
+from engine.redis_client import async_client, pubsub_client
 from engine.tracing import RequestTracer
 from engine.worker_liveness import LivenessThread
 
@@ -92,9 +93,12 @@ class Worker:
         redis: aioredis.Redis,
         options: WorkerOptions,
         metrics: WorkerMetrics | None = None,
+        pubsub_redis: aioredis.Redis | None = None,
     ) -> None:
         self.engine = engine
         self.redis = redis
+        self.pubsub_redis = pubsub_redis or redis
+        """Where cancellations are subscribed to (one node of a cluster: ``pubsub_client``)."""
         self.options = options
         self.metrics = metrics or WorkerMetrics(options.model_name)
         self.tracer = RequestTracer(options.model_name, options.worker_id)
@@ -582,7 +586,7 @@ class Worker:
         backoff = _Backoff()
         channel = protocol.cancel_channel(self.options.model_name)
         while True:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self.pubsub_redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
                 backoff.reset()
@@ -856,8 +860,9 @@ async def serve(args: argparse.Namespace) -> int:
     started = engine.start()
     if inspect.isawaitable(started):
         await started
-    redis = aioredis.from_url(args.redis_url, socket_connect_timeout=2.0, health_check_interval=10)
-    worker = Worker(engine, redis, options, metrics)
+    redis = async_client(args.redis_url, socket_connect_timeout=2.0, health_check_interval=10)
+    cancels = pubsub_client(args.redis_url, socket_connect_timeout=2.0, health_check_interval=10)
+    worker = Worker(engine, redis, options, metrics, pubsub_redis=cancels)
     health.refresh = lambda: metrics.observe_engine_stats(engine.stats())
     try:
         backoff = _Backoff()
@@ -877,6 +882,7 @@ async def serve(args: argparse.Namespace) -> int:
         if inspect.isawaitable(closed):
             await closed
         await redis.aclose()
+        await cancels.aclose()
         await health.stop()
     logger.info("worker %s stopped", options.worker_id)
     return 0

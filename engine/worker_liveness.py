@@ -17,11 +17,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import redis
 
 from engine import protocol
+from engine.redis_client import sync_client
 
 logger = logging.getLogger("sluicegate.worker")
 
@@ -57,7 +58,7 @@ class LivenessThread(threading.Thread):
         stale_after_s: float = 60.0,
     ) -> None:
         super().__init__(name=f"liveness-{worker_id}", daemon=True)
-        self.client = redis.Redis.from_url(
+        self.client = sync_client(
             redis_url, socket_connect_timeout=1.0, socket_timeout=max(1.0, ttl_s / 2)
         )
         self.model = model
@@ -97,24 +98,25 @@ class LivenessThread(threading.Thread):
         pipe = self.client.pipeline(transaction=False)
         pipe.set(protocol.heartbeat_key(self.model, self.worker_id), self._payload, px=self.ttl_ms)
         pipe.sadd(protocol.worker_registry(self.model), self.worker_id)
+        pipe.zadd(protocol.MODEL_REGISTRY, {self.model: time.time()})
+        pipe.execute()
         by_stream: dict[str, list[bytes]] = {}
         for stream, entry_id in self.in_flight_entries():
             by_stream.setdefault(stream, []).append(entry_id)
         for stream, ids in by_stream.items():
-            self._reclaim([stream], [protocol.REQUEST_GROUP, self.worker_id, *ids], client=pipe)
-        # A lost group (Redis restarted empty) fails the script; the pull loop recreates it.
-        results = pipe.execute(raise_on_error=False)
-        self._report_lost(zip(by_stream, results[2:], strict=True))
+            # Outside the pipeline: a cluster pipeline cannot carry scripts.
+            try:
+                taken = self._reclaim([stream], [protocol.REQUEST_GROUP, self.worker_id, *ids])
+            except redis.ResponseError as exc:
+                # A lost group (Redis restarted empty): the pull loop recreates it.
+                logger.warning("re-claiming on %s failed: %s", stream, exc)
+                continue
+            self._report_lost(stream, taken)
 
-    def _report_lost(self, results: Iterable[tuple[str, object]]) -> None:
-        for stream, taken in results:
-            if isinstance(taken, list) and taken and self.on_lost is not None:
-                logger.warning(
-                    "%d entries on %s were taken over by another worker", len(taken), stream
-                )
-                self.on_lost(
-                    stream, [t if isinstance(t, bytes) else str(t).encode() for t in taken]
-                )
+    def _report_lost(self, stream: str, taken: object) -> None:
+        if isinstance(taken, list) and taken and self.on_lost is not None:
+            logger.warning("%d entries on %s were taken over by another worker", len(taken), stream)
+            self.on_lost(stream, [t if isinstance(t, bytes) else str(t).encode() for t in taken])
 
     def run(self) -> None:
         failing = False

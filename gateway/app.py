@@ -18,9 +18,9 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.types import Message, Scope
 from opentelemetry.trace import Span, StatusCode
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from engine.redis_client import async_client, pubsub_client
 from gateway.api.admin import ADMIN_CONTROLLERS
 from gateway.api.admin.guards import admin_guard, master_guard
 from gateway.api.health import HealthController
@@ -78,13 +78,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        redis = Redis.from_url(
+        redis = async_client(
             settings.redis_url,
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
             socket_timeout=REDIS_COMMAND_TIMEOUT_S,
         )
         # Subscriptions idle for long stretches, so they get a client without a read timeout.
-        redis_pubsub = Redis.from_url(
+        redis_pubsub = pubsub_client(
             settings.redis_url, socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S
         )
         db_engine = create_engine(settings.database_url)

@@ -15,10 +15,10 @@ import sys
 import uuid
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
+from engine.redis_client import async_client
 from gateway.api.admin import service
 from gateway.auth import publish_invalidation
 from gateway.db import keys as key_queries
@@ -142,7 +142,7 @@ async def _revoke(settings: Settings, args: argparse.Namespace) -> int:
     if row is None:
         print(f"sluicegate keys: no key with id {args.key_id}", file=sys.stderr)
         return 1
-    redis = Redis.from_url(settings.redis_url)
+    redis = async_client(settings.redis_url)
     try:
         await publish_invalidation(redis, str(row.id))
     except RedisError as exc:

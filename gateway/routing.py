@@ -14,8 +14,8 @@ The YAML file named by ``SLUICEGATE_CONFIG`` lists models, their aliases and dep
             model: gpt-4o-mini
             weight: 1
 
-Without a file, the models are those of live engine workers (their heartbeat keys), so a
-single-machine ``sluicegate up`` needs no configuration.
+Without a file, the models are those of live engine workers (the model registry their
+heartbeats stamp), so a single-machine ``sluicegate up`` needs no configuration.
 
 Selection is weighted least-outstanding: the deployment with the fewest requests in flight per
 unit of weight first (ties broken at random), the others as fallbacks. A connect error,
@@ -29,7 +29,6 @@ from __future__ import annotations
 import importlib
 import os
 import random
-import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ import httpx
 import yaml
 from redis.asyncio import Redis
 
-from engine.protocol import heartbeat_pattern
+from engine.protocol import MODEL_REGISTRY
 from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import Provider, ProviderError
@@ -49,7 +48,8 @@ from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
 
 DISCOVERY_REFRESH_S = 1.0
-_HEARTBEAT_MODEL = re.compile(r"^sg:hb:\{(.+)\}:[^:]*$")
+DISCOVERY_WINDOW_S = 3600.0
+"""A model whose workers last beat longer ago than this is not added (one added stays)."""
 
 
 class ConfigError(ValueError):
@@ -243,11 +243,12 @@ class Router:
         if not self.discovering or (not force and now - self._refreshed_at < DISCOVERY_REFRESH_S):
             return
         self._refreshed_at = now
-        models: set[str] = set()
-        async for key in self._redis.scan_iter(match=heartbeat_pattern(), count=500):
-            match = _HEARTBEAT_MODEL.match(key.decode() if isinstance(key, bytes) else key)
-            if match:
-                models.add(match.group(1))
+        # Workers stamp their model in one sorted set each heartbeat: one read, no SCAN.
+        since = time.time() - DISCOVERY_WINDOW_S
+        models = {
+            m.decode() if isinstance(m, bytes) else m
+            for m in await self._redis.zrangebyscore(MODEL_REGISTRY, since, "+inf")
+        }
         for model in sorted(models - self._routes.keys()):
             deployment = Deployment(self._engine_provider(model), kind="engine", model=model)
             self._add(ModelRoute(model, deployments=[deployment]))

@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from engine import protocol
+from engine.redis_client import async_client
 from gateway.canonical import ChatRequest, ChoiceDelta, Chunk, Usage
 from gateway.providers.base import ProviderError
 from gateway.providers.engine_replies import TRANSPORT_DOWN, ReplyReader
@@ -54,7 +55,7 @@ def _binary_client(redis: Redis, settings: Settings) -> Redis:
     """Our messages are msgpack: use a client that does not decode replies to str."""
     kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {})
     if kwargs.get("decode_responses"):
-        return Redis.from_url(settings.redis_url, socket_connect_timeout=_REDIS_TIMEOUT_S)
+        return async_client(settings.redis_url, socket_connect_timeout=_REDIS_TIMEOUT_S)
     return redis
 
 

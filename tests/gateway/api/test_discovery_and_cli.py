@@ -12,6 +12,7 @@ import httpx
 from redis.asyncio import Redis
 
 from engine import protocol
+from engine.worker_liveness import LivenessThread
 from gateway.routing import Router
 from gateway.settings import Settings
 
@@ -25,13 +26,16 @@ async def test_models_discovered_from_worker_heartbeats(redis_url: str) -> None:
     router = Router.from_settings(settings, redis)
     assert router.discovering
     assert await router.resolve(model) is None
-    beat = protocol.Heartbeat(
-        worker_id="w1", model=model, served_model_name=model, version="test", time=time.time()
+    # The worker's own liveness thread registers it: heartbeat key, registry, model registry.
+    liveness = LivenessThread(redis_url, model, "w1", list)
+    liveness.publish(
+        protocol.Heartbeat(
+            worker_id="w1", model=model, served_model_name=model, version="test", time=time.time()
+        )
     )
-    await redis.set(protocol.heartbeat_key(model, "w1"), protocol.encode(beat), ex=5)
-    await redis.sadd(protocol.worker_registry(model), "w1")
+    liveness.beat()
     try:
-        router._refreshed_at = 0.0  # the scan runs at most once a second
+        router._refreshed_at = 0.0  # the registry is read at most once a second
         route = await router.resolve(model)
         assert route is not None
         (deployment,) = route.deployments
@@ -39,7 +43,9 @@ async def test_models_discovered_from_worker_heartbeats(redis_url: str) -> None:
         assert route in await router.live_routes()
         assert any(m["name"] == model for m in router.describe())
     finally:
-        await redis.delete(protocol.heartbeat_key(model, "w1"), protocol.worker_registry(model))
+        liveness.stop()
+        await redis.zrem(protocol.MODEL_REGISTRY, model)
+        await redis.delete(protocol.worker_registry(model))
         await router.close()
         await redis.aclose()
 
