@@ -77,6 +77,15 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
+def checkpoint_names(path: Path) -> list[str]:
+    """Tensor names from the safetensors headers, without reading any tensor."""
+    names: list[str] = []
+    for file in checkpoint_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as shard:
+            names.extend(shard.keys())
+    return names
+
+
 def iter_checkpoint(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as shard:
@@ -123,9 +132,7 @@ def load_model(
         )
 
         try:
-            return load_transformers_model(
-                path, device, resolve_hf_dtype(dtype, raw, device), iter_checkpoint(path)
-            )
+            return load_transformers_model(path, device, resolve_hf_dtype(dtype, raw, device))
         except UnsupportedTransformersModelError as exc:
             raise UnsupportedModelError(str(exc)) from None
     config = ModelConfig.from_dict(raw)

@@ -254,10 +254,16 @@ def load_transformers_model(
     path: str | Path,
     device: torch.device,
     dtype: torch.dtype,
-    weights: Iterable[tuple[str, torch.Tensor]],
 ) -> TransformersCausalLM:
+    """Build the class on the meta device and copy our loader's weights in; checkpoints
+    whose tensors transformers must merge or split first (e.g. per-expert MoE weights into
+    fused experts) load through transformers' ``from_pretrained`` instead."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    # Imported here: the loader imports this module when it picks the transformers backend.
+    from engine.models.loader import checkpoint_names, iter_checkpoint
+
+    path = Path(path)
     _register()
     hf_config = AutoConfig.from_pretrained(path)
     try:
@@ -271,12 +277,26 @@ def load_transformers_model(
         hf_model = AutoModelForCausalLM.from_config(
             hf_config, dtype=dtype, attn_implementation=ATTENTION_NAME
         )
-    buffers = {name: buffer.to(device) for name, buffer in hf_model.named_buffers()}
-    hf_model = hf_model.to_empty(device=device)
-    for name, buffer in buffers.items():
-        module_name, _, buffer_name = name.rpartition(".")
-        hf_model.get_submodule(module_name)._buffers[buffer_name] = buffer
-    _load_weights(hf_model, weights)
+    converted = _names_needing_conversion(hf_model, checkpoint_names(path))
+    if converted:
+        logger.info(
+            "%s: %d checkpoint tensors (e.g. %s) need transformers' weight converters; "
+            "loading through transformers' from_pretrained",
+            model_class.__name__,
+            len(converted),
+            converted[0],
+        )
+        # Loaded on the CPU, then moved: a device_map would need accelerate.
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            path, config=hf_config, dtype=dtype, attn_implementation=ATTENTION_NAME
+        ).to(device)
+    else:
+        buffers = {name: buffer.to(device) for name, buffer in hf_model.named_buffers()}
+        hf_model = hf_model.to_empty(device=device)
+        for name, buffer in buffers.items():
+            module_name, _, buffer_name = name.rpartition(".")
+            hf_model.get_submodule(module_name)._buffers[buffer_name] = buffer
+        _load_weights(hf_model, iter_checkpoint(path))
     hf_model.eval()
 
     text = hf_config.get_text_config()
@@ -311,16 +331,32 @@ def load_transformers_model(
     return TransformersCausalLM(hf_model, config)
 
 
+def _weight_transforms(hf_model: nn.Module) -> tuple[list[Any], list[Any]]:
+    """transformers' (renamings, converters) for the class's checkpoint keys."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    transforms = get_model_conversion_mapping(hf_model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    return renamings, [t for t in transforms if not isinstance(t, WeightRenaming)]
+
+
+def _names_needing_conversion(hf_model: nn.Module, names: list[str]) -> list[str]:
+    from transformers.core_model_loading import rename_source_key
+
+    renamings, converters = _weight_transforms(hf_model)
+    if not converters:
+        return []
+    return [name for name in names if rename_source_key(name, renamings, converters)[1]]
+
+
 def _load_weights(hf_model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
     """Copy checkpoint tensors into the transformers model by name (after transformers' own
     key renamings for the class, e.g. GPT-NeoX's ``embed_out`` -> ``lm_head``); every
     parameter must be set (tied ones through their source) and every tensor have a place."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming, rename_source_key
+    from transformers.core_model_loading import rename_source_key
 
-    transforms = get_model_conversion_mapping(hf_model)
-    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    renamings, _ = _weight_transforms(hf_model)
     params = dict(hf_model.named_parameters(remove_duplicate=False))
     buffers = dict(hf_model.named_buffers())
     targets = {**buffers, **params}
@@ -328,13 +364,7 @@ def _load_weights(hf_model: nn.Module, weights: Iterable[tuple[str, torch.Tensor
     loaded: set[str] = set()
     with torch.no_grad():
         for name, tensor in weights:
-            renamed, converter = rename_source_key(name, renamings, converters, prefix, targets)
-            if converter is not None:
-                raise UnsupportedTransformersModelError(
-                    f"checkpoint tensor {name!r} must be merged or split by a transformers "
-                    f"weight converter ({converter}) before {type(hf_model).__name__} can use "
-                    "it; the engine's loader copies tensors one to one"
-                )
+            renamed, _ = rename_source_key(name, renamings, [], prefix, targets)
             target = targets.get(renamed)
             if target is None:
                 if renamed.endswith("rotary_emb.inv_freq"):

@@ -4,7 +4,8 @@ Greedy tokens must equal transformers' own ``generate`` (eager attention) on the
 weights, for Phi-3 (fused qkv and gate_up projections), GPT-NeoX (partial rotary, parallel
 residual), Gemma-2 (alternating sliding-window layers, attention and final logit
 soft-capping, query_pre_attn_scalar scaling) and OLMo-2 (q/k norms over whole projections,
-norms after each block), with chunked prefill and preemption in play,
+norms after each block), and Mixtral (mixture of experts whose per-expert checkpoint
+tensors transformers fuses on load), with chunked prefill and preemption in play,
 and for a chat turn; on Llama/Qwen it must give the native implementation's tokens.
 """
 
@@ -87,11 +88,18 @@ def _olmo2() -> torch.nn.Module:
     )
 
 
+def _mixtral() -> torch.nn.Module:
+    # Stored per expert, fused in the transformers class: loads through from_pretrained.
+    config = transformers.MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2)
+    return transformers.MixtralForCausalLM(config)
+
+
 BUILDERS: dict[str, Callable[[], torch.nn.Module]] = {
     "phi3": _phi3,
     "gpt_neox": _gpt_neox,
     "gemma2": _gemma2,
     "olmo2": _olmo2,
+    "mixtral": _mixtral,
 }
 ARCHITECTURES = list(BUILDERS)
 
