@@ -5,4 +5,6 @@
 - ``db_sessionmaker``: ``async_sessionmaker[AsyncSession]`` (see ``gateway.db.session``)
 - ``key_cache``: ``gateway.auth.KeyCache``
 - ``router``: the routing table; ``describe()`` lists models and deployments
+- ``limiter``: ``gateway.limits.RateLimiter`` (admission, and the budget counters it reads)
+- ``prices``: ``gateway.pricing.PriceBook``
 """

@@ -26,6 +26,7 @@ from gateway.ui.common import (
     optional_choice,
     optional_int,
     optional_micros,
+    optional_uuid,
     page_number,
     render,
     request_id,
@@ -55,14 +56,11 @@ def key_fields_from_form(form: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def _list_context(
-    request: Request[Any, Any, Any], q: str, page: int, show: str
+    request: Request[Any, Any, Any], q: str, page: int, show: str, team: str = ""
 ) -> dict[str, Any]:
     session = session_of(request)
-    filters = {
-        "include_revoked": show != "active",
-        "team_id": session.actor.team_id,
-        "search": q or None,
-    }
+    team_id = session.actor.team_id if not session.is_master else optional_uuid(team, "team")
+    filters = {"include_revoked": show != "active", "team_id": team_id, "search": q or None}
     async with sessions(request)() as db:
         total = await key_queries.count_keys(db, **filters)
         rows = await key_queries.list_keys(
@@ -75,6 +73,7 @@ async def _list_context(
         "team_names": {team.id: team.name for team in teams},
         "q": q,
         "show": show,
+        "team": str(team_id or ""),
         "page": page,
         "pages": max(1, math.ceil(total / PAGE_SIZE)),
         "total": total,
@@ -108,9 +107,13 @@ class KeysPages(Controller):
         q: FromQuery[str] = "",
         page: FromQuery[str | None] = None,
         show: FromQuery[str] = "all",
+        team: FromQuery[str] = "",
         notice: FromQuery[str | None] = None,
     ) -> Template:
-        context = await _list_context(request, q.strip(), page_number(page), show)
+        try:
+            context = await _list_context(request, q.strip(), page_number(page), show, team)
+        except FormError:
+            context = await _list_context(request, q.strip(), page_number(page), show)
         return render(request, "keys.html", active="keys", flash=notice, **context)
 
     @post("/")

@@ -168,9 +168,11 @@ def test_the_overview_charts_daily_tokens_and_spend(
     )
     phone_page = phone.new_page()
     sign_in(phone_page, ui_settings.master_key)
-    width = phone_page.evaluate("document.documentElement.scrollWidth")
-    assert width <= 390, "the overview scrolls sideways on a phone"
-    shot(phone_page, screenshot_dir, "08-overview-phone")
+    for path, name in (("/ui", "08-overview-phone"), ("/ui/keys", "08-keys-phone")):
+        phone_page.goto(path)
+        width = phone_page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"{path} scrolls sideways on a phone (tables scroll inside)"
+        shot(phone_page, screenshot_dir, name)
     phone.close()
 
     nav(page, "Usage").click()
