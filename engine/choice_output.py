@@ -21,10 +21,14 @@ class ChoiceOutput:
     answer. A choice with neither is a pass-through."""
 
     def __init__(
-        self, reasoning: ReasoningSplitter | None, tool_parser: ToolCallParser | None
+        self,
+        reasoning: ReasoningSplitter | None,
+        tool_parser: ToolCallParser | None,
+        parallel_tool_calls: bool = True,
     ) -> None:
         self.reasoning = reasoning
         self.tool_parser = tool_parser
+        self.parallel_tool_calls = parallel_tool_calls
 
     @property
     def num_tool_calls(self) -> int:
@@ -55,4 +59,7 @@ class ChoiceOutput:
             rest = self.tool_parser.finish()
             out.content += rest.content
             out.tool_calls += rest.tool_calls
+        if not self.parallel_tool_calls:
+            # parallel_tool_calls=false: one call at most; any further ones are not made.
+            out.tool_calls = [f for f in out.tool_calls if f.index == 0]
         return out

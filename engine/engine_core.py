@@ -11,21 +11,22 @@ from typing import Any
 
 import torch
 
-from engine.choice_output import ChoiceOutput
+from engine.choice_output import ChoiceText
+from engine.choices import Choice, RequestGroup
 from engine.config import SchedulerConfig
 from engine.grammar import GrammarCompiler, GrammarSpec, structured_spec, tool_call_spec
-from engine.guided import GrammarGuide, TokenBitmask
+from engine.guided import TokenBitmask
 from engine.model_runner import ModelRunner
 from engine.models import load_model
 from engine.models.onednn import can_use_onednn, use_onednn_linears
 from engine.protocol import ToolCallDelta, Usage
-from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning, template_has_reasoning
+from engine.reasoning import template_has_reasoning
 from engine.request_options import RequestOptions
 from engine.sampler import Sampler, TokenLogprobs, derived_seed
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler
 from engine.sequence import Sequence
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer, template_tools
+from engine.tokenizer import Tokenizer, template_tools
 from engine.tools import detect_tool_parser, make_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -99,36 +100,6 @@ class RequestDelta:
     """The request's last delta: every choice has finished."""
 
 
-@dataclass
-class _Group:
-    """One client request: ``n`` choices sampled from one shared prompt."""
-
-    request_id: str
-    n: int
-    params: SamplingParams
-    options: RequestOptions
-    compiled_grammar: object | None
-    unforked: bool
-    """Choices 1..n-1 are still to be forked from choice 0 once its prompt is computed."""
-    reasoning: bool
-    finished: set[int] = field(default_factory=set)
-    completion_tokens: int = 0
-    num_cached_tokens: int = 0
-
-
-@dataclass
-class _Request:
-    """One choice of a request."""
-
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    group: _Group
-    index: int = 0
-    output: ChoiceOutput | None = None
-    guide: GrammarGuide | None = None
-    delivered_tokens: int = 0
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -188,9 +159,9 @@ class EngineCore:
             self.tokenizer.hf, config.vocab_size, sorted(self.eos_token_ids)
         )
         self.bitmask = TokenBitmask(config.vocab_size, options.max_num_seqs)
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, Choice] = {}
         """Live choices by sequence id; a request's choice 0 has the request's own id."""
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, RequestGroup] = {}
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
 
@@ -270,7 +241,7 @@ class EngineCore:
             request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
         )
         self.scheduler.add(seq)
-        group = _Group(
+        group = RequestGroup(
             request_id,
             options.n,
             params,
@@ -280,39 +251,15 @@ class EngineCore:
             reasoning=chat and self.reasoning,
         )
         self._groups[request_id] = group
-        self._register_choice(group, seq, 0)
+        choice = self._start_choice(group, seq, 0)
         if resumed:
-            self._replay(self._requests[request_id], resumed, resume_text_chars)
+            choice.replay(resumed, resume_text_chars)
         return seq
 
-    def _register_choice(self, group: _Group, seq: Sequence, index: int) -> None:
-        output = None
-        if group.reasoning or group.options.uses_tools:
-            splitter = None
-            if group.reasoning:
-                tail = self.tokenizer.decode(seq.prompt_token_ids[-4:])
-                splitter = ReasoningSplitter(prompt_opens_reasoning(tail))
-            parser = make_tool_parser(self.tool_parser) if group.options.uses_tools else None
-            output = ChoiceOutput(splitter, parser)  # type: ignore[arg-type]
-        guide = None
-        if group.compiled_grammar is not None:
-            guide = GrammarGuide(group.compiled_grammar, output is None or output.in_answer)
-        detokenizer = IncrementalDetokenizer(self.tokenizer, seq.prompt_token_ids, seq.params.stop)
-        self._requests[seq.request_id] = _Request(seq, detokenizer, group, index, output, guide)
-
-    def _replay(self, request: _Request, resumed: list[int], emitted_chars: int) -> None:
-        """Bring a resumed choice's grammar, detokenizer and parsers to where the earlier
-        attempt left off; what they would emit for that part was delivered already."""
-        request.detokenizer.replay(resumed, emitted_chars)
-        request.delivered_tokens = len(resumed)
-        request.group.completion_tokens = len(resumed)
-        for token in resumed:
-            if request.guide is not None and request.guide.active:
-                request.guide.accept(token)
-        if request.output is not None:
-            request.output.feed(request.detokenizer.text[:emitted_chars])
-            if request.guide is not None and not request.guide.active:
-                request.guide.active = request.output.in_answer
+    def _start_choice(self, group: RequestGroup, seq: Sequence, index: int) -> Choice:
+        choice = Choice.start(group, seq, index, self.tokenizer, self.tool_parser)
+        self._requests[seq.request_id] = choice
+        return choice
 
     def abort(self, request_id: str) -> list[RequestDelta]:
         """Free the request's blocks now; the final delta of every choice still open (none if
@@ -333,11 +280,10 @@ class EngineCore:
                 deltas.append(self._close_unstarted_choice(group, index))
         return deltas
 
-    def _close_unstarted_choice(self, group: _Group, index: int) -> RequestDelta:
-        group.finished.add(index)
+    def _close_unstarted_choice(self, group: RequestGroup, index: int) -> RequestDelta:
         delta = RequestDelta(group.request_id, index=index, finish_reason="abort")
         delta.usage = Usage(0, group.completion_tokens, group.num_cached_tokens)
-        delta.done = len(group.finished) == group.n
+        delta.done = group.finish(index)
         if delta.done:
             del self._groups[group.request_id]
         return delta
@@ -380,7 +326,7 @@ class EngineCore:
     def _fork_choices(
         self,
         sampling_items: list[ScheduledSequence],
-        requests: list[_Request | None],
+        requests: list[Choice | None],
         scheduled: list[ScheduledSequence],
     ) -> list[int]:
         """Create choices 1..n-1 of every request whose prompt this step finished: they share
@@ -405,7 +351,7 @@ class EngineCore:
                     arrival_time=parent.arrival_time,
                 )
                 copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
-                self._register_choice(group, child, index)
+                self._start_choice(group, child, index)
                 if copies is None:
                     continue  # no free block: it computes its own prompt (prefix-cache hits)
                 self.runner.copy_blocks(copies)
@@ -416,7 +362,7 @@ class EngineCore:
                 rows.append(row)
         return rows
 
-    def _advance(self, request: _Request, logprobs: TokenLogprobs | None) -> RequestDelta:
+    def _advance(self, request: Choice, logprobs: TokenLogprobs | None) -> RequestDelta:
         seq = request.seq
         group = request.group
         new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens :]
@@ -433,12 +379,11 @@ class EngineCore:
         )
         if logprobs is not None:
             delta.logprobs.append(logprobs)
-        guide = request.guide
         for token in new_tokens:
-            if guide is not None and not guide.accept(token) and not seq.is_finished:
+            if not request.accept(token) and not seq.is_finished:
                 logger.error("%s: the grammar refused token %d", seq.request_id, token)
                 self.scheduler.finish(seq, "stop")
-        if guide is not None and guide.terminated and not seq.is_finished:
+        if request.guide is not None and request.guide.terminated and not seq.is_finished:
             self.scheduler.finish(seq, "stop")
         detokenizer = request.detokenizer
         for token in new_tokens:
@@ -447,38 +392,21 @@ class EngineCore:
             self.scheduler.finish(seq, "stop")
         if seq.is_finished:
             return self._final_delta(request, delta, seq.finish_reason or "stop")
-        self._route_text(request, delta, detokenizer.pop_delta())
-        if guide is not None and not guide.active and request.output is not None:
-            guide.active = request.output.in_answer
+        _fill_text(delta, request.route(detokenizer.pop_delta()))
         return delta
 
-    def _route_text(self, request: _Request, delta: RequestDelta, text: str, final: bool = False):
-        output = request.output
-        if output is None:
-            delta.text = text
-            return
-        routed = output.feed(text) if text else None
-        parts = [routed] if routed is not None else []
-        if final:
-            parts.append(output.finish())
-        for part in parts:
-            delta.text += part.content
-            delta.reasoning_text += part.reasoning
-            delta.tool_calls += part.tool_calls
-
-    def _final_delta(self, request: _Request, delta: RequestDelta, reason: str) -> RequestDelta:
+    def _final_delta(self, request: Choice, delta: RequestDelta, reason: str) -> RequestDelta:
         seq = request.seq
         group = request.group
         del self._requests[seq.request_id]
         delta.index = request.index
-        self._route_text(request, delta, request.detokenizer.pop_delta(final=True), final=True)
+        _fill_text(delta, request.route(request.detokenizer.pop_delta(final=True), final=True))
         if reason == "stop" and request.output is not None and request.output.num_tool_calls:
             reason = "tool_calls"
         delta.finish_reason = reason
         if request.index == 0:
             group.num_cached_tokens = seq.num_cached_tokens
-        group.finished.add(request.index)
-        delta.done = len(group.finished) == group.n
+        delta.done = group.finish(request.index)
         if delta.done:
             del self._groups[group.request_id]
         delta.usage = Usage(
@@ -502,3 +430,9 @@ class EngineCore:
         stats["kv_block_size"] = self.options.block_size
         stats["num_generated_tokens"] = self.num_generated_tokens
         return stats
+
+
+def _fill_text(delta: RequestDelta, text: ChoiceText) -> None:
+    delta.text = text.content
+    delta.reasoning_text = text.reasoning
+    delta.tool_calls = text.tool_calls

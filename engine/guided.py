@@ -47,6 +47,7 @@ class TokenBitmask:
         self.vocab_size = vocab_size
         self.max_rows = max_rows
         self._bitmask: torch.Tensor | None = None
+        self._batch_matcher: Any = None
 
     def apply(self, logits: torch.Tensor, guides: list[GrammarGuide | None]) -> None:
         """Mask (to -inf) every token each guided row's grammar forbids, in place."""
@@ -58,11 +59,10 @@ class TokenBitmask:
         if self._bitmask is None or self._bitmask.shape[0] < len(guides):
             size = max(self.max_rows, len(guides))
             self._bitmask = xgrammar.allocate_token_bitmask(size, self.vocab_size)
+            self._batch_matcher = xgrammar.BatchGrammarMatcher()
         bitmask = self._bitmask[: len(guides)]
-        for row in rows:
-            guide = guides[row]
-            assert guide is not None
-            guide.matcher.fill_next_token_bitmask(bitmask, row)
+        matchers = [guides[row].matcher for row in rows]  # type: ignore[union-attr]
+        self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
         if logits.device.type != "cpu":
             bitmask = bitmask.to(logits.device, non_blocking=True)
         xgrammar.apply_token_bitmask_inplace(

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from engine.choice_output import ChoiceOutput
 from engine.protocol import ToolCall
 from engine.reasoning import ReasoningSplitter
 from engine.tools import detect_tool_parser, make_tool_parser
@@ -115,3 +116,11 @@ def test_reasoning_opened_by_the_prompt_and_answers_without_thinking() -> None:
     assert parts == [("abc", ""), ("", "ok"), ("", "")]
     plain = ReasoningSplitter(in_reasoning=False)
     assert [plain.feed("plain"), plain.finish()] == [("", "plain"), ("", "")]
+
+
+def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
+    output = ChoiceOutput(None, make_tool_parser("hermes"), parallel_tool_calls=False)
+    parts = [output.feed(HERMES[:40]), output.feed(HERMES[40:]), output.finish()]
+    fragments = [f for part in parts for f in part.tool_calls]
+    assert {f.index for f in fragments} == {0}
+    assert [f.name for f in fragments if f.id] == ["get_weather"]
