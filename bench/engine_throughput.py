@@ -85,10 +85,19 @@ def workload(num_requests: int, seed: int) -> list[tuple[list[int], int]]:
 
 
 def run_engine(
-    folder: Path, requests: list[tuple[list[int], int]], threads: int, model_impl: str = "native"
+    folder: Path,
+    requests: list[tuple[list[int], int]],
+    threads: int,
+    model_impl: str = "native",
+    cpu_compile: bool = False,
 ) -> tuple[float, float]:
     llm = LLM(
-        str(folder), dtype="float32", device="cpu", num_threads=threads, model_impl=model_impl
+        str(folder),
+        dtype="float32",
+        device="cpu",
+        num_threads=threads,
+        model_impl=model_impl,
+        cpu_compile=cpu_compile,
     )
     warmup = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     llm.generate([p for p, _ in requests[:4]], warmup)
@@ -158,6 +167,11 @@ def main() -> None:
         "and is compared with the native engine on the same workload",
     )
     parser.add_argument(
+        "--cpu-compile",
+        action="store_true",
+        help="also run the engine with its forward through torch.compile, next to eager",
+    )
+    parser.add_argument(
         "--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads, all runs"
     )
     args = parser.parse_args()
@@ -175,12 +189,19 @@ def main() -> None:
             f"engine ({args.model_impl}): {engine_tok_s:8.1f} output tok/s (peak KV {peak_kv:.3f})"
         )
         native: dict[str, float] = {}
+        if args.cpu_compile:
+            compiled_tok_s, _ = run_engine(
+                folder, requests, args.threads, args.model_impl, cpu_compile=True
+            )
+            native["compiled_tok_s"] = round(compiled_tok_s, 1)
+            native["compile_speedup"] = round(compiled_tok_s / engine_tok_s, 2)
+            print(f"engine compiled: {compiled_tok_s:8.1f} output tok/s")
         if args.model_impl == "transformers":
             native_tok_s, _ = run_engine(folder, requests, args.threads, "native")
-            native = {
-                "native_tok_s": round(native_tok_s, 1),
-                "transformers_slowdown": round(native_tok_s / engine_tok_s, 2),
-            }
+            native.update(
+                native_tok_s=round(native_tok_s, 1),
+                transformers_slowdown=round(native_tok_s / engine_tok_s, 2),
+            )
             print(
                 f"engine (native): {native_tok_s:8.1f} output tok/s; the transformers backend "
                 f"is {native['transformers_slowdown']}x slower"

@@ -222,6 +222,23 @@ def wait_ok(url: str, what: str, process: subprocess.Popen[bytes] | None, timeou
     raise RuntimeError(f"{what} not ready after {timeout:.0f} s")
 
 
+def wait_listed(port: int, api_key: str, model: str, timeout: float = 120) -> None:
+    """Until the worker's heartbeat has put the model in the gateway's /v1/models."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = httpx.get(
+            f"http://127.0.0.1:{port}/v1/models",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=5,
+        )
+        if any(m["id"] == model for m in response.json().get("data", [])):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{model} never appeared in /v1/models")
+
+
 @contextlib.contextmanager
 def vllm_server(args: argparse.Namespace, model: Path, name: str, env: dict[str, str], logs: Path):
     from gateway.up import free_port
@@ -295,7 +312,9 @@ def our_stack(args: argparse.Namespace, model: Path, name: str, logs: Path):
                 json={"name": "vs-vllm"},
             )
             response.raise_for_status()
-            yield port, response.json()["key"]
+            key = response.json()["key"]
+            wait_listed(port, key, name)
+            yield port, key
         finally:
             stack.stop()
 

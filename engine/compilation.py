@@ -89,7 +89,7 @@ def warm_compiled(run: Callable[[int, int], object], shapes: list[tuple[int, int
     for index, (num_seqs, tokens) in enumerate(shapes, 1):
         run(num_seqs, tokens)
         logger.info(
-            "compiling the model: shape %d/%d done (%.0f s)",
+            "start-up warm-up (compilation, kernels): shape %d/%d done (%.0f s)",
             index,
             len(shapes),
             time.perf_counter() - began,

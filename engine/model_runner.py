@@ -71,6 +71,9 @@ class ModelRunner:
             # device copy) must not change state inside the compiled function.
             self._dummy_step(1, 1)
             self._forward = compile_model_forward(model)
+        if compile_model or device.type == "cuda":
+            # Compilation, and on CUDA every Triton variant a step can meet, at start-up
+            # rather than mid-serving.
             warm_compiled(self._dummy_step, self._compile_shapes())
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and device.type == "cuda":
