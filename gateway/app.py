@@ -27,16 +27,17 @@ from gateway.api.health import HealthController
 from gateway.api.key_info import KeyInfoController
 from gateway.api.openai_chat import ChatCompletionsController
 from gateway.api.openai_completions import CompletionsController
+from gateway.api.openai_embeddings import EmbeddingsController
 from gateway.api.openai_models import ModelsController
 from gateway.auth import KeyCache
 from gateway.body import check_body
-from gateway.call import Services, new_request_id, request_state
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import DatabaseSpend
 from gateway.errors import EXCEPTION_HANDLERS
 from gateway.limits import RateLimiter
 from gateway.pricing import PriceBook, prices_from_config
 from gateway.routing import Router
+from gateway.services import Services, new_request_id, request_state
 from gateway.settings import Settings
 from gateway.telemetry import metrics_endpoint, serve_metrics, setup_tracing
 from gateway.ui import template_config, ui_router
@@ -150,6 +151,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[
             ChatCompletionsController,
             CompletionsController,
+            EmbeddingsController,
             ModelsController,
             KeyInfoController,
             *ADMIN_CONTROLLERS,

@@ -15,25 +15,20 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
-from litestar.connection import ASGIConnection
-from litestar.handlers.base import BaseRouteHandler
 from litestar.response import Stream
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from engine.tracing import tracing_enabled
-from gateway.auth import ApiKeyRecord, provide_api_key
+from gateway.auth import ApiKeyRecord
 from gateway.canonical import ChatRequest, Chunk, Usage
 from gateway.canonical import Response as Answer
 from gateway.errors import (
@@ -45,24 +40,23 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
-from gateway.limits import Admission, RateLimiter
+from gateway.limits import Admission
 from gateway.providers.base import ProviderError
-from gateway.routing import Deployment, ModelRoute, Router
-from gateway.schemas import encode
-from gateway.settings import Settings
+from gateway.routing import Deployment, ModelRoute
+from gateway.schemas.wire import encode
+from gateway.services import Services
+from gateway.settle import settle
 from gateway.telemetry import (
     ADDED_LATENCY,
     child_context,
     current_traceparent,
     genai_request_attributes,
-    genai_response_attributes,
-    model_metrics,
-    start_server_span,
     tracer,
 )
-from gateway.usage import UsageEvent, UsageRecorder
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 JSON = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -72,45 +66,6 @@ _TOKEN_OVERHEAD_PER_MESSAGE = 4
 """Chat templates wrap every message in a few special tokens."""
 
 
-def new_request_id() -> str:
-    return os.urandom(12).hex()
-
-
-def request_state(scope: Any) -> dict[str, Any]:
-    """Per-request values of ours (request id, start time, key) in the ASGI scope state."""
-    state = scope.get("state")
-    if state is None:
-        state = scope["state"] = {}
-    return state  # type: ignore[no-any-return]
-
-
-@dataclass(slots=True)
-class Services:
-    """What the request path needs, built once by the app's lifespan."""
-
-    settings: Settings
-    router: Router
-    limiter: RateLimiter
-    recorder: UsageRecorder
-    redis: Redis
-    started_at: int = field(default_factory=lambda: int(time.time()))
-
-
-async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Guard: runs before the body is read, so a bad key is a 401 whatever the body says."""
-    scope = connection.scope
-    state = request_state(scope)
-    state["started"] = time.perf_counter()
-    state["request_id"] = new_request_id()
-    state["auth_started_ns"] = now_ns = time.time_ns()
-    if tracing_enabled():
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        state["server_span"] = start_server_span(
-            f"{scope['method']} {scope['path']}", headers, now_ns
-        )
-    state["api_key"] = await provide_api_key(connection)  # type: ignore[arg-type]
-
-
 class Renderer(Protocol):
     """An inbound API's wire shape for answers; one per controller."""
 
@@ -118,8 +73,8 @@ class Renderer(Protocol):
         """The body of a non-streamed answer."""
         ...
 
-    def opening(self, call: Call) -> bytes:
-        """What a stream starts with, before the first chunk (may be empty)."""
+    def opening(self, call: Call, first: Chunk) -> bytes:
+        """What a stream starts with, before the ``first`` chunk (may be empty)."""
         ...
 
     def chunk(self, call: Call, chunk: Chunk) -> bytes:
@@ -161,19 +116,34 @@ def _with_headers(exc: OpenAIError, headers: dict[str, str]) -> OpenAIError:
     return exc
 
 
-def _unsupported(route: ModelRoute, body: ChatRequest) -> ProviderError | None:
-    """Why no deployment of ``route`` can honour ``body`` (the first one's reason), if so."""
+_SERVES = {"chat": "chat or text completions", "embeddings": "embeddings"}
+
+
+def _refusal(route: ModelRoute, body: ChatRequest, mode: str) -> OpenAIError | None:
+    """Why no deployment of ``route`` can take ``body`` (the first one's reason), if so."""
     first: ProviderError | None = None
-    for deployment in route.deployments:
+    serving = [d for d in route.deployments if d.mode == mode]
+    if not serving:
+        return ModelNotFound(
+            f"The model '{body.model}' has no deployment serving {_SERVES[mode]}.",
+            param="model",
+        )
+    for deployment in serving:
         problem = deployment.provider.unsupported(body)
         if problem is None:
             return None
         first = first or problem
-    return first
+    assert first is not None
+    return InvalidRequest(first.message, param=first.param)
 
 
 async def admit(
-    request: Request[Any, Any, Any], body: ChatRequest, *, operation: str, id_prefix: str
+    request: Request[Any, Any, Any],
+    body: ChatRequest,
+    *,
+    operation: str,
+    id_prefix: str,
+    mode: str = "chat",
 ) -> Call:
     """Resolve, authorise and book ``body``; the returned call owns the reservation."""
     services: Services = request.app.state.services
@@ -197,12 +167,16 @@ async def admit(
             raise PermissionDenied(
                 f"This API key may not use the model '{body.model}'.", param="model"
             )
-        problem = _unsupported(route, body)
-        if problem is not None:
-            raise InvalidRequest(problem.message, param=problem.param)
-        max_tokens = body.sampling.max_tokens or (
-            services.settings.default_max_tokens if chat else TEXT_COMPLETION_MAX_TOKENS
-        )
+        refusal = _refusal(route, body, mode)
+        if refusal is not None:
+            raise refusal
+        if mode == "embeddings":
+            max_tokens = 0
+        else:
+            # Without a cap from the client, reserve the default cap; settling corrects it.
+            max_tokens = body.sampling.max_tokens or (
+                services.settings.default_max_tokens if chat else TEXT_COMPLETION_MAX_TOKENS
+            )
         prompt_estimate = prompt_token_estimate(body)
         try:
             admission = await services.limiter.admit(
@@ -255,7 +229,7 @@ async def admit(
         created=int(time.time()),
         public_model=body.model,
         prompt_estimate=prompt_estimate,
-        prompt_param="messages" if chat else "prompt",
+        prompt_param="input" if mode == "embeddings" else "messages" if chat else "prompt",
         started=state["started"],
         span=span,
     )
@@ -317,11 +291,11 @@ class Call:
 
     # ---- answering -------------------------------------------------------------------------
 
-    async def complete(self, renderer: Renderer) -> Response[bytes]:
-        services = self.services
+    async def _answer(self, fetch: Awaitable[tuple[Deployment, T]]) -> T:
+        """Await a whole answer; any failure settles the call and becomes the client's error."""
         self.generation_started = time.perf_counter()
         try:
-            self.deployment, answer = await services.router.complete(self.route, self.request)
+            self.deployment, answer = await fetch
         except ProviderError as exc:
             self.status = "error"
             await self.finish()
@@ -335,8 +309,20 @@ class Call:
             self.status = "cancelled"
             await self.finish_shielded()
             raise
-        generated = time.perf_counter()
-        self.first_token_at = generated
+        self.first_token_at = time.perf_counter()
+        return answer
+
+    async def _respond(self, content: bytes) -> Response[bytes]:
+        generated = self.first_token_at or time.perf_counter()
+        self.status = "ok"
+        await self.finish()
+        ADDED_LATENCY.observe(
+            (self.generation_started - self.started) + (time.perf_counter() - generated)
+        )
+        return Response(content, status_code=200, media_type=JSON, headers=self.admission.headers)
+
+    async def complete(self, renderer: Renderer) -> Response[bytes]:
+        answer = await self._answer(self.services.router.complete(self.route, self.request))
         self.delivered_tokens = answer.num_tokens
         self.finish_reason = answer.finish_reason() or "stop"
         # An upstream that reports no usage is billed by the same estimate as prompts (chars/3).
@@ -344,12 +330,13 @@ class Call:
             self.prompt_estimate, answer.num_tokens or math.ceil(len(answer.text()) / 3)
         )
         self.status = "ok"
-        content = renderer.whole(self, answer)
-        await self.finish()
-        ADDED_LATENCY.observe(
-            (self.generation_started - self.started) + (time.perf_counter() - generated)
-        )
-        return Response(content, status_code=200, media_type=JSON, headers=self.admission.headers)
+        return await self._respond(renderer.whole(self, answer))
+
+    async def embed(self) -> Response[bytes]:
+        """Embeddings: the upstream's object, ``model`` named as the client asked."""
+        raw, usage = await self._answer(self.services.router.embed(self.route, self.request))
+        self.usage = usage or Usage(self.prompt_estimate, 0)
+        return await self._respond(encode({**raw, "model": self.public_model}))
 
     async def stream(self, renderer: Renderer) -> Stream:
         services = self.services
@@ -406,7 +393,7 @@ class Call:
     ) -> AsyncIterator[bytes]:
         """The stream's bytes; cancelled mid-way when the client disconnects (``finish``
         bills that)."""
-        opening = renderer.opening(self)
+        opening = renderer.opening(self, first)
         if opening:
             yield opening
         chunk: Chunk | None = first
@@ -450,66 +437,4 @@ class Call:
         if self.finished:
             return
         self.finished = True
-        now = time.perf_counter()
-        usage = self.billed()
-        billed_total = usage.prompt_tokens + usage.completion_tokens
-        cost = self.admission.cost_micros(
-            usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
-        )
-        ttft_ms = (
-            (self.first_token_at - self.started) * 1000 if self.first_token_at is not None else None
-        )
-        event = UsageEvent(
-            request_id=self.request_id,
-            key_id=self.key.id,
-            model=self.public_model,
-            deployment=self.deployment.name if self.deployment else None,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            cost_micros=cost,
-            team_id=self.admission.team_id,
-            status=self.status,  # type: ignore[arg-type]
-            finish_reason=self.finish_reason if self.status == "ok" else None,
-            latency_ms=(now - self.started) * 1000,
-            ttft_ms=ttft_ms,
-            started_at=time.time() - (now - self.started),
-            finished_at=time.time(),
-        )
-        services = self.services
-        try:
-            pipe = services.redis.pipeline(transaction=False)
-            pipe.execute_command(
-                *services.limiter.settle_command(self.admission, billed_total, cost)
-            )
-            services.recorder.record_in(pipe, event)
-            settled, recorded = await pipe.execute(raise_on_error=False)
-            if isinstance(recorded, Exception):
-                logger.error("usage of %s not recorded: %s", self.request_id, recorded)
-            if isinstance(settled, Exception):
-                # The settle script was forgotten (Redis restart): load it, settle again.
-                await services.limiter.settle(self.admission, billed_total, cost)
-        except RedisError:
-            logger.exception("could not settle %s or record its usage", self.request_id)
-        metrics = model_metrics(self.public_model)
-        metrics.requests(self.status).inc()
-        metrics.prompt_tokens.inc(usage.prompt_tokens)
-        metrics.completion_tokens.inc(usage.completion_tokens)
-        if ttft_ms is not None:
-            metrics.time_to_first_token.observe(ttft_ms / 1000)
-        if self.span.is_recording():
-            self.span.set_attributes(
-                genai_response_attributes(
-                    self.response_id,
-                    self.finish_reason,
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                )
-            )
-            if self.deployment is not None:
-                # Known only now: the deployment that served ("openai" for HTTP upstreams).
-                provider = "openai" if self.deployment.kind == "openai" else "sluicegate"
-                self.span.set_attribute("gen_ai.provider.name", provider)
-            if self.status != "ok":
-                self.span.set_attribute("error.type", self.status)
-        self.span.end()
+        await settle(self)

@@ -13,6 +13,13 @@ The YAML file named by ``SLUICEGATE_CONFIG`` lists models, their aliases and dep
             api_key_env: UPSTREAM_API_KEY
             model: gpt-4o-mini
             weight: 1
+      - name: text-embedding-3-small
+        deployments:
+          - provider: openai
+            mode: embeddings          # serves POST /v1/embeddings (default: chat)
+            base_url: https://api.openai.com/v1
+            api_key_env: OPENAI_API_KEY
+            model: text-embedding-3-small
 
 Without a file, the models are those of live engine workers (the model registry their
 heartbeats stamp), so a single-machine ``sluicegate up`` needs no configuration.
@@ -30,22 +37,24 @@ import importlib
 import os
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import yaml
 from redis.asyncio import Redis
 
 from engine.protocol import MODEL_REGISTRY
-from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder
+from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder, Usage
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import Provider, ProviderError
 from gateway.providers.openai import CONNECT_TIMEOUT_S, OpenAIProvider
 from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
+
+T = TypeVar("T")
 
 DISCOVERY_REFRESH_S = 1.0
 DISCOVERY_WINDOW_S = 3600.0
@@ -62,6 +71,8 @@ class Deployment:
     kind: str
     model: str
     weight: float = 1.0
+    mode: str = "chat"
+    """What it serves: ``chat`` (chat and text completions) or ``embeddings``."""
     outstanding: int = 0
     failures: int = 0
     cooldown_until: float = 0.0
@@ -99,7 +110,7 @@ class Generation:
 
     async def _run(self) -> AsyncIterator[Chunk]:
         last_error: ProviderError | None = None
-        for deployment in await self._router.candidates(self._route):
+        for deployment in await self._router.candidates(self._route, self._request):
             self.deployment = deployment
             deployment.outstanding += 1
             chunks = deployment.provider.generate(self._request)
@@ -185,6 +196,12 @@ class Router:
         if not model:
             raise ConfigError(f"deployment needs a model: {spec!r}")
         weight = float(spec.get("weight", 1.0))
+        mode = spec.get("mode", "chat")
+        if mode not in ("chat", "embeddings") or (mode == "embeddings" and kind != "openai"):
+            raise ConfigError(
+                f"deployment mode must be chat or embeddings (embeddings: provider openai): "
+                f"{spec!r}"
+            )
         if weight <= 0:
             raise ConfigError(f"deployment weight must be positive: {spec!r}")
         provider: Provider
@@ -205,7 +222,7 @@ class Router:
             provider = self._engine_provider(model)
         else:
             raise ConfigError(f"unknown provider kind {kind!r} (expected openai or engine)")
-        return Deployment(provider=provider, kind=kind, model=model, weight=weight)
+        return Deployment(provider=provider, kind=kind, model=model, weight=weight, mode=mode)
 
     def _unique_name(self, base: str) -> str:
         """A default deployment name: it labels metrics and shows in errors, so it names the
@@ -272,10 +289,19 @@ class Router:
                     break
         return live
 
-    async def candidates(self, route: ModelRoute) -> list[Deployment]:
-        """Deployments to try, best first: not cooling down, available, least loaded."""
+    async def candidates(
+        self, route: ModelRoute, request: ChatRequest | None = None, mode: str = "chat"
+    ) -> list[Deployment]:
+        """Deployments to try, best first: serving ``mode``, able to honour ``request`` (when
+        given), not cooling down, available, least loaded."""
         now = time.monotonic()
-        ready = [d for d in route.deployments if not d.cooling(now)]
+        ready = [
+            d
+            for d in route.deployments
+            if d.mode == mode
+            and not d.cooling(now)
+            and (request is None or d.provider.unsupported(request) is None)
+        ]
         random.shuffle(ready)
         ready.sort(key=lambda d: (d.outstanding + 1) / d.weight)
         return [d for d in ready if await d.provider.is_available()]
@@ -310,16 +336,43 @@ class Router:
     async def complete(
         self, route: ModelRoute, request: ChatRequest
     ) -> tuple[Deployment, Response]:
-        """The whole answer as one chunk, with fallback (nothing reached the client yet)."""
+        """The whole answer at once, with fallback (nothing reached the client yet)."""
+
+        async def answer(deployment: Deployment) -> Response:
+            complete = getattr(deployment.provider, "complete", None)
+            if complete is not None:
+                result: Response = await complete(request)
+                return result
+            return await _collect(deployment.provider, request)
+
+        return await self._first_answer(route, request, "chat", answer)
+
+    async def embed(
+        self, route: ModelRoute, request: ChatRequest
+    ) -> tuple[Deployment, tuple[dict[str, Any], Usage | None]]:
+        """Embeddings of ``request.passthrough`` (the client's body), with fallback."""
+
+        async def answer(deployment: Deployment) -> tuple[dict[str, Any], Usage | None]:
+            body = request.passthrough or {}
+            result: tuple[dict[str, Any], Usage | None] = await deployment.provider.embed(  # type: ignore[attr-defined]
+                body, request.traceparent, request.deadline
+            )
+            return result
+
+        return await self._first_answer(route, request, "embeddings", answer)
+
+    async def _first_answer(
+        self,
+        route: ModelRoute,
+        request: ChatRequest,
+        mode: str,
+        answer: Callable[[Deployment], Awaitable[T]],
+    ) -> tuple[Deployment, T]:
         last_error: ProviderError | None = None
-        for deployment in await self.candidates(route):
+        for deployment in await self.candidates(route, request, mode):
             deployment.outstanding += 1
             try:
-                complete = getattr(deployment.provider, "complete", None)
-                if complete is not None:
-                    result: Response = await complete(request)
-                else:
-                    result = await _collect(deployment.provider, request)
+                result = await answer(deployment)
             except ProviderError as exc:
                 if not exc.retryable:
                     raise
@@ -344,6 +397,7 @@ class Router:
                         "provider": d.kind,
                         "model": d.model,
                         "weight": d.weight,
+                        "mode": d.mode,
                         "outstanding": d.outstanding,
                         "healthy": not d.cooling(now),
                         "cooldown_remaining_s": round(max(0.0, d.cooldown_until - now), 3),

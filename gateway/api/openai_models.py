@@ -7,8 +7,9 @@ from typing import Any
 from litestar import Controller, Request, Response, get
 
 from gateway.auth import ApiKeyRecord
-from gateway.call import JSON, Services, authenticate
-from gateway.schemas import ModelCard, ModelList, encode
+from gateway.call import JSON
+from gateway.schemas.wire import ModelCard, ModelList, encode
+from gateway.services import Services, authenticate
 
 
 class ModelsController(Controller):

@@ -23,9 +23,10 @@ from redis.exceptions import RedisError
 
 from engine import protocol
 from engine.redis_client import async_client
-from gateway.canonical import ChatRequest, ChoiceDelta, Chunk, Usage
+from gateway.canonical import ChatRequest, Chunk, Usage
 from gateway.providers.base import ProviderError
 from gateway.providers.engine_replies import TRANSPORT_DOWN, ReplyReader
+from gateway.providers.engine_wire import choice_delta, unsupported, wire_request
 from gateway.providers.prefix_affinity import prefix_hashes, render_prompt
 from gateway.settings import Settings
 
@@ -127,12 +128,12 @@ class EngineProvider:
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         workers = await self._workers_or_503()
         deadline = request.deadline or time.time() + self.settings.request_timeout_s
-        message = _wire_request(
+        message = wire_request(
             request, self.model, deadline, self._replies.stream, self._default_max_tokens(request)
         )
         rendered = render_prompt(message.messages, request.prompt)
         hashes = prefix_hashes(rendered) if self.prefix_affinity and len(workers) > 1 else []
-        call = _Call(request.request_id, deadline)
+        call = _Call(request.request_id, deadline, request.sampling.n)
         try:
             stream = await self._pick_stream(hashes, workers)
             while True:
@@ -206,7 +207,7 @@ class EngineProvider:
         return self.settings.default_max_tokens if request.messages is not None else 16
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
-        return None
+        return unsupported(request)
 
     async def _workers_or_503(self) -> dict[str, protocol.Heartbeat]:
         try:
@@ -359,9 +360,12 @@ class EngineProvider:
 class _Call:
     """One request's progress: who serves it, what reached the client, how to bill a failure."""
 
-    def __init__(self, request_id: str, deadline: float) -> None:
+    def __init__(self, request_id: str, deadline: float, choices: int = 1) -> None:
         self.request_id = request_id
         self.deadline = deadline
+        self.choices = choices
+        self.ended: set[int] = set()
+        """Choices that have their final delta; the request is over when all have."""
         self.entry: tuple[str, Any] | None = None
         self.worker_id: str | None = None
         self.counted_on = ""
@@ -396,6 +400,7 @@ class _Call:
             self.worker_id = delta.worker_id
             self.next_seq = 0
             self.delivered, self.unshown = self._base
+            self.ended.clear()
             del self.token_ids[self.delivered :]
         if delta.seq < self.next_seq:
             return None
@@ -411,15 +416,16 @@ class _Call:
         self.unshown += len(delta.token_ids)
         usage = None
         if delta.finish_reason is not None:
-            self.finished = True
+            self.ended.add(delta.index)
+            self.finished = len(self.ended) >= self.choices
             cached = delta.usage.cached_tokens if delta.usage else 0
             usage = Usage(self.prompt_tokens, self.delivered, cached)
-        elif not delta.text:
+        elif not (delta.text or delta.reasoning_text or delta.tool_calls or delta.logprobs):
             return None
         self.shown = self.attempt_shown = True
         self.shown_chars += len(delta.text)
         chunk = Chunk(
-            [ChoiceDelta(text=delta.text, finish_reason=delta.finish_reason)],
+            [choice_delta(delta)],
             usage=usage,
             num_tokens=self.unshown,
             prompt_tokens=self.prompt_tokens,
@@ -440,47 +446,6 @@ class _Call:
 
 class _WorkerLost(Exception):
     """The worker serving an attempt that had streamed text is gone: resume elsewhere."""
-
-
-def _wire_request(
-    request: ChatRequest, model: str, deadline: float, reply_to: str, default_max_tokens: int
-) -> protocol.Request:
-    prompt = request.prompt
-    return protocol.Request(
-        request_id=request.request_id,
-        model=model,
-        sampling=_wire_sampling(request, default_max_tokens),
-        prompt=prompt if isinstance(prompt, str) else None,
-        prompt_token_ids=list(prompt) if isinstance(prompt, list) else None,
-        messages=_wire_messages(request),
-        deadline=deadline,
-        traceparent=request.traceparent,
-        reply_to=reply_to,
-    )
-
-
-def _wire_sampling(request: ChatRequest, default_max_tokens: int) -> protocol.Sampling:
-    s = request.sampling
-    return protocol.Sampling(
-        max_tokens=s.max_tokens or default_max_tokens,
-        temperature=1.0 if s.temperature is None else s.temperature,
-        top_p=1.0 if s.top_p is None else s.top_p,
-        top_k=-1 if s.top_k is None else s.top_k,
-        min_p=s.min_p or 0.0,
-        seed=s.seed,
-        stop=s.stop or None,
-        stop_token_ids=s.stop_token_ids or None,
-        ignore_eos=s.ignore_eos,
-        presence_penalty=s.presence_penalty or 0.0,
-        frequency_penalty=s.frequency_penalty or 0.0,
-        repetition_penalty=s.repetition_penalty or 1.0,
-    )
-
-
-def _wire_messages(request: ChatRequest) -> list[protocol.ChatMessage] | None:
-    if request.messages is None:
-        return None
-    return [protocol.ChatMessage(m.role, m.text(), m.name) for m in request.messages]
 
 
 def _redis_down(exc: BaseException) -> ProviderError:

@@ -1,6 +1,8 @@
 """Any OpenAI-compatible HTTP upstream (vLLM, a hosted API, another gateway) over httpx.
 
-Streams are passed through chunk by chunk with httpx (its client is shared by every deployment
+The request body and the replies are OpenAI's own (see openai_wire.py: a client's OpenAI body
+goes upstream field for field, and its reply comes back whole in ``raw``). Streams are passed
+through chunk by chunk with httpx (its client is shared by every deployment
 and owned by the router). A non-streaming client request is answered with one non-streaming
 upstream call (``complete``); to a plain-``http://`` upstream that call goes through
 ``Http1Pool``, a minimal keep-alive client ~40x cheaper than httpx per call (see http1.py).
@@ -21,18 +23,10 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
-from gateway.canonical import (
-    ChatRequest,
-    Choice,
-    ChoiceDelta,
-    Chunk,
-    Message,
-    Response,
-    TextPart,
-    Usage,
-)
+from gateway.canonical import ChatRequest, Chunk, Response, Usage
 from gateway.providers.base import ProviderError
 from gateway.providers.http1 import Http1Pool, UpstreamConnectionError
+from gateway.providers.openai_wire import Reply, choice_delta, reply_decoder, request_body, response
 
 logger = logging.getLogger(__name__)
 
@@ -41,86 +35,27 @@ CONNECT_TIMEOUT_S = 5.0
 _CONTEXT_HINTS = ("maximum context length", "context length", "context_length_exceeded")
 _RETRYABLE_STATUS = {401, 403, 404, 408, 409, 429}
 
-
-class _Message(msgspec.Struct):
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    index: int = 0
-    delta: _Message | None = None
-    message: _Message | None = None
-    text: str | None = None
-    finish_reason: str | None = None
-
-    def content(self) -> str:
-        part = self.delta or self.message
-        return (part.content if part else self.text) or ""
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _Error(msgspec.Struct):
-    message: str = ""
-    type: str | None = None
-    code: str | int | None = None
-
-
-class _Body(msgspec.Struct):
-    """A completion, a stream chunk or an error: every shape we read from an upstream."""
-
-    choices: list[_Choice] = msgspec.field(default_factory=list)
-    usage: _Usage | None = None
-    error: _Error | None = None
-
-
-_decoder = msgspec.json.Decoder(_Body)
 _encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder()
 
 
-def _payload(request: ChatRequest, model: str, stream: bool) -> dict[str, Any]:
-    s = request.sampling
-    body: dict[str, Any] = {"model": model}
-    if request.messages is not None:
-        body["messages"] = [
-            {"role": m.role, "content": m.text()} | ({"name": m.name} if m.name else {})
-            for m in request.messages
-        ]
-    else:
-        body["prompt"] = request.prompt
-    body["max_tokens"] = s.max_tokens
-    body["temperature"] = 1.0 if s.temperature is None else s.temperature
-    body["top_p"] = 1.0 if s.top_p is None else s.top_p
-    optional = {
-        "stop": s.stop,
-        "seed": s.seed,
-        "presence_penalty": s.presence_penalty or None,
-        "frequency_penalty": s.frequency_penalty or None,
-        "user": request.user,
-        # vLLM's extras: only when set, since hosted APIs reject unknown fields.
-        "top_k": s.top_k if s.top_k is not None and s.top_k > 0 else None,
-        "min_p": s.min_p or None,
-        "repetition_penalty": s.repetition_penalty
-        if s.repetition_penalty not in (None, 1.0)
-        else None,
-        "ignore_eos": s.ignore_eos or None,
-        "stop_token_ids": s.stop_token_ids,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
-    if stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    return body
+class _Param(msgspec.Struct):
+    param: str | None = None
+
+
+class _ErrorWithParam(msgspec.Struct):
+    error: _Param | None = None
+
+
+_param_decoder = msgspec.json.Decoder(_ErrorWithParam)
 
 
 def _error_from_response(status: int, raw: bytes, deployment: str) -> ProviderError:
     try:
-        error = _decoder.decode(raw).error
+        error = reply_decoder.decode(raw).error
+        param = (_param_decoder.decode(raw).error or _Param()).param
     except (msgspec.DecodeError, msgspec.ValidationError):
-        error = None
+        error, param = None, None
     message = (error.message if error else "") or raw[:300].decode(errors="replace")
     code = str(error.code) if error and error.code is not None else ""
     if status == 400 and (
@@ -144,13 +79,7 @@ def _error_from_response(status: int, raw: bytes, deployment: str) -> ProviderEr
             retryable=True,
             status_code=502,
         )
-    return ProviderError(message, status_code=400, code="invalid_request")
-
-
-def _usage(body: _Body) -> Usage | None:
-    if body.usage is None:
-        return None
-    return Usage(body.usage.prompt_tokens, body.usage.completion_tokens)
+    return ProviderError(message, status_code=400, code="invalid_request", param=param)
 
 
 class OpenAIProvider:
@@ -183,30 +112,25 @@ class OpenAIProvider:
             )
         self._path = url.path
 
-    def _url(self, request: ChatRequest) -> str:
-        path = "/chat/completions" if request.messages is not None else "/completions"
-        return self._base_url + path
-
-    def _headers_for(self, request: ChatRequest) -> dict[str, str]:
-        if request.traceparent:
-            return {**self._headers, "traceparent": request.traceparent}
+    def _headers_for(self, traceparent: str | None) -> dict[str, str]:
+        if traceparent:
+            return {**self._headers, "traceparent": traceparent}
         return self._headers
 
-    async def _post(self, request: ChatRequest, body: bytes) -> tuple[int, bytes]:
-        headers = self._headers_for(request)
+    async def _post(
+        self, path: str, body: bytes, traceparent: str | None, deadline: float
+    ) -> tuple[int, bytes]:
+        headers = self._headers_for(traceparent)
         try:
             if self._fast is not None:
-                path = self._path + (
-                    "/chat/completions" if request.messages is not None else "/completions"
-                )
-                return await self._fast.post(path, body, headers)
+                return await self._fast.post(self._path + path, body, headers)
             # The whole answer comes in one read: bounded by the request's deadline, not by
             # the shared client's first-token timeout (a long generation is not a dead peer).
             response = await self._client.post(
-                self._url(request),
+                self._base_url + path,
                 content=body,
                 headers=headers,
-                timeout=httpx.Timeout(self._read_timeout(request), connect=CONNECT_TIMEOUT_S),
+                timeout=httpx.Timeout(self._read_timeout(deadline), connect=CONNECT_TIMEOUT_S),
             )
             return response.status_code, response.content
         except (httpx.TimeoutException, TimeoutError) as exc:
@@ -220,61 +144,68 @@ class OpenAIProvider:
                 f"deployment {self.name} unreachable", retryable=True, status_code=502
             ) from exc
 
-    def _read_timeout(self, request: ChatRequest) -> float:
-        if request.deadline:
-            return max(0.001, request.deadline - time.time())
+    def _read_timeout(self, deadline: float) -> float:
+        if deadline:
+            return max(0.001, deadline - time.time())
         return self._read_timeout_s
 
-    async def complete(self, request: ChatRequest) -> Response:
-        """The whole answer as one chunk (text, finish_reason, usage)."""
-        body = _encoder.encode(_payload(request, self.model, stream=False))
-        status, content = await self._post(request, body)
+    def _read(self, status: int, content: bytes) -> tuple[Reply, dict[str, Any]]:
         if status >= 400:
             raise _error_from_response(status, content, self.name)
         try:
-            parsed = _decoder.decode(content)
+            return reply_decoder.decode(content), _json_decoder.decode(content)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ProviderError(
                 f"deployment {self.name} sent an unreadable body: {exc}", retryable=True
             ) from exc
+
+    async def complete(self, request: ChatRequest) -> Response:
+        """The whole answer, canonical, with the upstream's own body in ``raw``."""
+        body = _encoder.encode(request_body(request, self.model, stream=False))
+        status, content = await self._post(
+            _path(request), body, request.traceparent, request.deadline
+        )
+        parsed, raw = self._read(status, content)
         if parsed.error is not None or not parsed.choices:
             message = parsed.error.message if parsed.error else "no choices in the answer"
             raise ProviderError(f"deployment {self.name}: {message}", retryable=True)
-        choice = parsed.choices[0]
-        message = Message("assistant", [TextPart(choice.content())])
-        return Response([Choice(0, message, choice.finish_reason or "stop")], _usage(parsed))
+        return response(parsed, raw)
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
-        body = _encoder.encode(_payload(request, self.model, stream=True))
+        body = _encoder.encode(request_body(request, self.model, stream=True))
+        relay = request.passthrough is not None
         started = False
-        finish_reason: str | None = None
-        usage: Usage | None = None
         try:
             async with self._client.stream(
-                "POST", self._url(request), content=body, headers=self._headers_for(request)
-            ) as response:
-                if response.status_code >= 400:
-                    raw = await response.aread()
-                    raise _error_from_response(response.status_code, raw, self.name)
-                async for line in response.aiter_lines():
+                "POST",
+                self._base_url + _path(request),
+                content=body,
+                headers=self._headers_for(request.traceparent),
+            ) as reply:
+                if reply.status_code >= 400:
+                    raw = await reply.aread()
+                    raise _error_from_response(reply.status_code, raw, self.name)
+                async for line in reply.aiter_lines():
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
-                    parsed = _decoder.decode(data)
+                    parsed = reply_decoder.decode(data)
                     if parsed.error is not None:
                         raise ProviderError(
                             f"deployment {self.name}: {parsed.error.message}",
                             retryable=not started,
                         )
-                    usage = _usage(parsed) or usage
-                    for choice in parsed.choices[:1]:
-                        finish_reason = choice.finish_reason or finish_reason
-                        text = choice.content()
-                        if text:
-                            started = True
-                            yield Chunk([ChoiceDelta(text=text)], num_tokens=1)
+                    chunk = Chunk(
+                        [choice_delta(c) for c in parsed.choices],
+                        usage=parsed.canonical_usage(),
+                        raw=_json_decoder.decode(data) if relay else None,
+                    )
+                    if chunk.has_output():
+                        started = True
+                        chunk.num_tokens = 1
+                    yield chunk
         except httpx.TransportError as exc:
             logger.warning("deployment %s failed mid-stream: %r", self.name, exc)
             raise ProviderError(
@@ -284,7 +215,18 @@ class OpenAIProvider:
             raise ProviderError(
                 f"deployment {self.name} sent an unreadable chunk: {exc}", retryable=not started
             ) from exc
-        yield Chunk([ChoiceDelta(finish_reason=finish_reason or "stop")], usage=usage)
+
+    async def embed(
+        self, body: dict[str, Any], traceparent: str | None, deadline: float
+    ) -> tuple[dict[str, Any], Usage | None]:
+        """``POST /embeddings`` with the client's body (``model`` rewritten)."""
+        payload = _encoder.encode({**body, "model": self.model})
+        status, content = await self._post("/embeddings", payload, traceparent, deadline)
+        parsed, raw = self._read(status, content)
+        if parsed.error is not None or not isinstance(raw.get("data"), list):
+            message = parsed.error.message if parsed.error else "no data in the answer"
+            raise ProviderError(f"deployment {self.name}: {message}", retryable=True)
+        return raw, parsed.canonical_usage()
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
         return None
@@ -296,3 +238,7 @@ class OpenAIProvider:
         """Closes this deployment's keep-alive pool; the shared httpx client is the router's."""
         if self._fast is not None:
             await self._fast.aclose()
+
+
+def _path(request: ChatRequest) -> str:
+    return "/chat/completions" if request.messages is not None else "/completions"

@@ -1,8 +1,10 @@
 """One gateway (uvicorn, real PostgreSQL and Redis) per test module, in front of a real upstream.
 
 Models of the routing config (``upstream`` names the upstream's behaviour, see servers.py):
-``echo`` (alias ``echo-alias``), ``slow``, ``ctx``, ``breaks``; ``flaky`` = a refused port,
-then ``echo``; ``dead`` = only a refused port; ``boom`` = only a 500-answering deployment.
+``echo`` (alias ``echo-alias``), ``slow``, ``ctx``, ``breaks``, ``rich``; ``flaky`` = a refused
+port, then ``echo``; ``dead`` = only a refused port; ``boom`` = only a 500-answering deployment;
+``embed`` = an embeddings deployment; ``engine-only`` = an engine pool with no worker (requests it
+cannot honour are 400s before any worker is needed); ``mixed`` = that engine pool, then ``echo``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ def routing_config(upstream_url: str) -> dict[str, Any]:
         "models": [
             {"name": "echo", "aliases": ["echo-alias"], "deployments": [openai("echo")]},
         ]
-        + [{"name": name, "deployments": [openai(name)]} for name in ("slow", "ctx", "breaks")]
+        + [
+            {"name": name, "deployments": [openai(name)]}
+            for name in ("slow", "ctx", "breaks", "rich")
+        ]
         + [
             {
                 "name": "flaky",
@@ -61,6 +66,18 @@ def routing_config(upstream_url: str) -> dict[str, Any]:
             },
             {"name": "dead", "deployments": [openai("echo", refused, name="dead-one")]},
             {"name": "boom", "deployments": [openai("boom", name="boom-one")]},
+            {"name": "embed", "deployments": [openai("embed-up", mode="embeddings")]},
+            {
+                "name": "mixed",
+                "deployments": [
+                    {"provider": "engine", "model": "gw9-no-such-worker"},
+                    openai("echo", name="mixed-openai"),
+                ],
+            },
+            {
+                "name": "engine-only",
+                "deployments": [{"provider": "engine", "model": "gw9-no-such-worker"}],
+            },
         ]
     }
 

@@ -6,7 +6,9 @@ finish ``length`` when max_tokens cut it, else ``stop``; usage reports one promp
 whitespace-separated word of the prompt, plus one per message. Behaviour by upstream model:
 ``slow`` sleeps 50 ms per token and makes 20 of them (if max_tokens allows),
 ``ctx`` answers 400 context_length_exceeded, ``boom`` answers 500, ``breaks`` drops the
-connection after two streamed tokens.
+connection after two streamed tokens, ``rich`` answers with the objects of rich_replies.py
+(tool calls, refusal, logprobs, two choices). ``/v1/embeddings`` answers one vector of
+``[index, length]`` per input. Every request body is kept in ``bodies``, as received.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections import Counter
 from typing import Any
 
 import uvicorn
+
+from . import rich_replies
 
 
 def free_port() -> int:
@@ -77,6 +81,11 @@ class Upstream:
         self.disconnected = 0
         self.tokens_sent = 0
         self.traceparents: list[str | None] = []
+        self.bodies: list[tuple[str, dict[str, Any]]] = []
+        """(path, body) of every request, as it arrived."""
+
+    def last_body(self, model: str) -> dict[str, Any]:
+        return next(body for _, body in reversed(self.bodies) if body.get("model") == model)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -94,6 +103,7 @@ class Upstream:
             if not message.get("more_body"):
                 break
         body = json.loads(raw)
+        self.bodies.append((scope["path"], body))
         model = body["model"]
         self.calls[model] += 1
         headers = dict(scope["headers"])
@@ -107,10 +117,14 @@ class Upstream:
                 "code": "context_length_exceeded",
             }
             return await _json(send, 400, {"error": error})
+        if scope["path"].endswith("/embeddings"):
+            return await _json(send, 200, _embeddings(body))
+        if model == "rich":
+            return await _rich(send, body)
         if model == "boom":
             return await _json(send, 500, {"error": {"message": "upstream exploded"}})
         chat = scope["path"].endswith("/chat/completions")
-        max_tokens = int(body.get("max_tokens") or 16)
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         limit = 20 if model == "slow" else 5
         n = min(max_tokens, limit)
         finish = "length" if max_tokens <= limit else "stop"
@@ -163,13 +177,25 @@ class Upstream:
                 choice = {
                     "index": 0,
                     "delta": {"content": delta} if delta else {},
+                    "logprobs": None,
                     "finish_reason": finish_reason,
                 }
             else:
                 choice = {"index": 0, "text": delta or "", "finish_reason": finish_reason}
-            return {"id": ident, "created": created, "model": model, "choices": [choice]}
+            return {
+                "id": ident,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
 
         try:
+            if chat:
+                # OpenAI's first chunk names the role.
+                opening = chunk(None, None)
+                opening["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                await send(event(opening))
             for i, word in enumerate(words):
                 if model == "breaks" and i == 2:
                     raise ConnectionAbortedError("dropping the connection on purpose")
@@ -189,6 +215,7 @@ class Upstream:
                     event(
                         {
                             "id": ident,
+                            "object": "chat.completion.chunk" if chat else "text_completion",
                             "created": created,
                             "model": model,
                             "choices": [],
@@ -211,3 +238,34 @@ async def _json(send: Any, status: int, payload: dict[str, Any]) -> None:
         }
     )
     await send({"type": "http.response.body", "body": data})
+
+
+def _embeddings(body: dict[str, Any]) -> dict[str, Any]:
+    inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+    tokens = sum(len(str(text).split()) for text in inputs)
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": [float(i), float(len(str(text)))]}
+            for i, text in enumerate(inputs)
+        ],
+        "model": body["model"],
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+async def _rich(send: Any, body: dict[str, Any]) -> None:
+    if not body.get("stream"):
+        return await _json(send, 200, rich_replies.COMPLETION)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    for chunk in rich_replies.chunks(include_usage):
+        data = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        await send({"type": "http.response.body", "body": data, "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})

@@ -149,7 +149,32 @@ def test_model_not_found_and_permission_denied(gateway: str, make_key: Callable[
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"model": "echo", "messages": HELLO, "n": 2}, "n"),
+        ({"model": "echo", "messages": HELLO, "n": 0}, "n"),
+        ({"model": "echo", "messages": HELLO, "seed": 2**70}, "seed"),
+        ({"model": "echo", "messages": HELLO, "logit_bias": {"hello": 5}}, "logit_bias"),
+        ({"model": "echo", "messages": HELLO, "logit_bias": {"50": 101}}, "logit_bias"),
+        ({"model": "echo", "messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        (
+            {"model": "echo", "messages": [{"role": "tool", "content": "x"}]},
+            "messages[0].tool_call_id",
+        ),
+        ({"model": "echo", "messages": HELLO, "top_logprobs": 3}, "top_logprobs"),
+        (
+            {"model": "echo", "messages": HELLO, "top_logprobs": 21, "logprobs": True},
+            "top_logprobs",
+        ),
+        (
+            {
+                "model": "echo",
+                "messages": HELLO,
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+            "tool_choice.function.name",
+        ),
+        (
+            {"model": "echo", "messages": [{"role": "user", "content": [{"type": "video"}]}]},
+            "messages[0].content[0].type",
+        ),
         ({"model": "echo", "messages": HELLO, "temperature": 5}, "temperature"),
         ({"model": "echo", "messages": HELLO, "max_tokens": "many"}, "max_tokens"),
         ({"model": "echo"}, "messages"),
@@ -172,11 +197,18 @@ def test_invalid_fields_are_400_naming_the_param(
     assert response.headers["x-request-id"]
 
 
-def test_n_above_one_is_a_typed_bad_request(gateway: str, make_key: Callable[..., str]) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        sdk(gateway, make_key()).chat.completions.create(model="echo", messages=HELLO, n=2)
-    assert caught.value.param == "n"
-    assert "n=1" in caught.value.message
+def test_json_nested_five_thousand_deep_is_a_400(
+    gateway: str, make_key: Callable[..., str]
+) -> None:
+    deep = b"[" * 5000 + b"]" * 5000
+    body = b'{"model": "echo", "messages": [{"role": "user", "content": "x"}], "metadata": '
+    response = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        content=body + deep + b"}",
+        headers={"authorization": f"Bearer {make_key()}", "content-type": "application/json"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_context_length_exceeded_maps_from_the_upstream(

@@ -1,0 +1,28 @@
+"""``POST /v1/embeddings``: routed to the model's deployments that serve embeddings
+(``mode: embeddings``, OpenAI-compatible upstreams), with the same keys, limits, budgets and
+usage records as chat."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, Request, Response, post
+
+from gateway.call import admit
+from gateway.schemas.embeddings import EmbeddingRequest
+from gateway.schemas.wire import decode_body
+from gateway.services import authenticate
+
+
+class EmbeddingsController(Controller):
+    path = "/v1/embeddings"
+    guards = (authenticate,)
+    tags = ("openai",)
+
+    @post("/", status_code=200, summary="Create embeddings")
+    async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        data, document = decode_body(await request.body(), EmbeddingRequest)
+        data.check()
+        body = data.canonical(document)
+        call = await admit(request, body, operation="embeddings", id_prefix="", mode="embeddings")
+        return await call.embed()

@@ -1,0 +1,320 @@
+"""OpenAI's chat/completions wire format on the provider side: canonical → request body, and
+an upstream's reply (whole or streamed) → canonical.
+
+A request that came in as OpenAI's own API carries the client's body (``passthrough``): it goes
+upstream field for field, unknown fields included; only ``model`` is rewritten, and a stream
+asks for usage (``stream_options.include_usage``) so the gateway can bill it. Any other inbound
+API's request is written from the canonical model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from gateway import canonical
+
+
+def request_body(request: canonical.ChatRequest, model: str, stream: bool) -> dict[str, Any]:
+    if request.passthrough is not None:
+        body = dict(request.passthrough)
+        body["model"] = model
+        if stream:
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return body
+    return _written(request, model, stream)
+
+
+def _written(request: canonical.ChatRequest, model: str, stream: bool) -> dict[str, Any]:
+    s = request.sampling
+    body: dict[str, Any] = {"model": model}
+    if request.messages is not None:
+        body["messages"] = [_message(m) for m in request.messages]
+    else:
+        body["prompt"] = request.prompt
+    if request.tools is not None:
+        body["tools"] = [
+            {"type": "function", "function": _without_nones(msgspec.structs.asdict(t))}
+            for t in request.tools
+        ]
+    if request.tool_choice is not None:
+        choice = request.tool_choice
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}}
+            if choice.mode == "function"
+            else choice.mode
+        )
+    if request.output is not None:
+        body.update(_output(request.output))
+    sampling = {
+        "max_completion_tokens" if request.messages is not None else "max_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "n": s.n if s.n != 1 else None,
+        "seed": s.seed,
+        "stop": s.stop,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "logit_bias": {str(k): v for k, v in s.logit_bias.items()} if s.logit_bias else None,
+        "logprobs": True if s.logprobs else None,
+        "top_logprobs": s.top_logprobs,
+        "top_k": s.top_k,
+        "min_p": s.min_p,
+        "repetition_penalty": s.repetition_penalty,
+        "ignore_eos": s.ignore_eos or None,
+        "stop_token_ids": s.stop_token_ids,
+    }
+    options = {
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "reasoning_effort": request.reasoning_effort,
+        "chat_template_kwargs": request.chat_template_kwargs,
+        "user": request.user,
+        "metadata": request.metadata,
+        "service_tier": request.service_tier,
+        "store": request.store,
+        "modalities": request.modalities,
+        "audio": request.audio,
+        "prediction": request.prediction,
+        "web_search_options": request.web_search_options,
+        "verbosity": request.verbosity,
+        "prompt_cache_key": request.prompt_cache_key,
+        "safety_identifier": request.safety_identifier,
+    }
+    body.update(_without_nones(sampling))
+    body.update(_without_nones(options))
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _without_nones(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _output(output: canonical.OutputFormat) -> dict[str, Any]:
+    if output.kind in ("text", "json_object"):
+        return {"response_format": {"type": output.kind}}
+    if output.kind == "json_schema":
+        spec = {"name": output.name or "output", "schema": output.schema or {}}
+        spec.update(_without_nones({"description": output.description}))
+        if output.strict:
+            spec["strict"] = True
+        return {"response_format": {"type": "json_schema", "json_schema": spec}}
+    # regex / choice / grammar: vLLM's guided decoding fields.
+    field = {"regex": "guided_regex", "choice": "guided_choice", "grammar": "guided_grammar"}
+    value = {"regex": output.regex, "choice": output.choices, "grammar": output.grammar}
+    return {field[output.kind]: value[output.kind]}
+
+
+def _part(part: canonical.Part) -> dict[str, Any]:
+    if isinstance(part, canonical.TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, canonical.ImagePart):
+        return {
+            "type": "image_url",
+            "image_url": _without_nones({"url": part.url, "detail": part.detail}),
+        }
+    if isinstance(part, canonical.AudioPart):
+        return {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
+    if isinstance(part, canonical.FilePart):
+        file = {"file_id": part.file_id, "filename": part.filename, "file_data": part.data}
+        return {"type": "file", "file": _without_nones(file)}
+    raise TypeError(f"{type(part).__name__} is not a content part")
+
+
+def _message(message: canonical.Message) -> dict[str, Any]:
+    if message.role == "tool":
+        (result,) = [p for p in message.parts if isinstance(p, canonical.ToolResult)] or [
+            canonical.ToolResult("")
+        ]
+        return {"role": "tool", "tool_call_id": result.tool_call_id, "content": result.text()}
+    content = [
+        p for p in message.parts if not isinstance(p, canonical.ToolCall | canonical.ToolResult)
+    ]
+    out: dict[str, Any] = {"role": message.role}
+    if all(isinstance(p, canonical.TextPart) for p in content):
+        out["content"] = "".join(p.text for p in content if isinstance(p, canonical.TextPart))
+    else:
+        out["content"] = [_part(p) for p in content]
+    calls = message.tool_calls()
+    if calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+        if not out["content"]:
+            out["content"] = None
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+# ---- replies ---------------------------------------------------------------------------------
+
+
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Top(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class _TokenLogprob(msgspec.Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[_Top] = msgspec.field(default_factory=list)
+
+
+class _Logprobs(msgspec.Struct):
+    content: list[_TokenLogprob] | None = None
+    # text completions
+    tokens: list[str] | None = None
+    token_logprobs: list[float | None] | None = None
+    top_logprobs: list[dict[str, float] | None] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _Message | None = None
+    message: _Message | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+    logprobs: _Logprobs | None = None
+
+
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = 0
+
+
+class _CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = 0
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _CompletionDetails | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    message: str = ""
+    type: str | None = None
+    code: str | int | None = None
+
+
+class Reply(msgspec.Struct):
+    """A completion, a stream chunk or an error: every shape we read from an upstream."""
+
+    choices: list[_Choice] = msgspec.field(default_factory=list)
+    usage: _Usage | None = None
+    error: ErrorBody | None = None
+
+    def canonical_usage(self) -> canonical.Usage | None:
+        u = self.usage
+        if u is None:
+            return None
+        cached = u.prompt_tokens_details.cached_tokens if u.prompt_tokens_details else 0
+        reasoning = (
+            u.completion_tokens_details.reasoning_tokens if u.completion_tokens_details else 0
+        )
+        return canonical.Usage(u.prompt_tokens, u.completion_tokens, cached or 0, reasoning or 0)
+
+
+reply_decoder = msgspec.json.Decoder(Reply)
+
+
+def _logprobs(logprobs: _Logprobs | None) -> list[canonical.TokenLogprob] | None:
+    if logprobs is None:
+        return None
+    if logprobs.content is not None:
+        return [
+            canonical.TokenLogprob(
+                lp.token,
+                lp.logprob,
+                lp.bytes,
+                [canonical.TopLogprob(t.token, t.logprob, t.bytes) for t in lp.top_logprobs],
+            )
+            for lp in logprobs.content
+        ]
+    if logprobs.tokens is None:
+        return None
+    values = logprobs.token_logprobs or []
+    tops = logprobs.top_logprobs or []
+    return [
+        canonical.TokenLogprob(
+            token,
+            values[i] if i < len(values) and values[i] is not None else 0.0,
+            None,
+            [
+                canonical.TopLogprob(t, lp)
+                for t, lp in ((tops[i] or {}).items() if i < len(tops) else ())
+            ],
+        )
+        for i, token in enumerate(logprobs.tokens)
+    ]
+
+
+def choice_delta(choice: _Choice) -> canonical.ChoiceDelta:
+    part = choice.delta or choice.message
+    if part is None:
+        return canonical.ChoiceDelta(
+            index=choice.index,
+            text=choice.text or "",
+            logprobs=_logprobs(choice.logprobs),
+            finish_reason=choice.finish_reason,
+        )
+    calls = None
+    if part.tool_calls:
+        calls = [
+            canonical.ToolCallDelta(
+                call.index,
+                call.id,
+                call.function.name if call.function else None,
+                (call.function.arguments if call.function else None) or "",
+            )
+            for call in part.tool_calls
+        ]
+    return canonical.ChoiceDelta(
+        index=choice.index,
+        text=part.content or "",
+        reasoning=part.reasoning_content or "",
+        refusal=part.refusal or "",
+        tool_calls=calls,
+        logprobs=_logprobs(choice.logprobs),
+        finish_reason=choice.finish_reason,
+    )
+
+
+def response(reply: Reply, raw: dict[str, Any] | None) -> canonical.Response:
+    """A whole upstream answer as canonical (tool calls' arguments already whole)."""
+    builder = canonical.ResponseBuilder()
+    for choice in reply.choices:
+        delta = choice_delta(choice)
+        if delta.finish_reason is None:
+            delta.finish_reason = "stop"
+        for i, call in enumerate(delta.tool_calls or ()):
+            call.index = i
+        builder.add(canonical.Chunk([delta]))
+    builder.usage = reply.canonical_usage()
+    return builder.build(raw)

@@ -1,0 +1,60 @@
+"""What every request handler shares: the services built at startup, the per-request state
+in the ASGI scope, and the guard that authenticates the key before the body is read."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from redis.asyncio import Redis
+
+from engine.tracing import tracing_enabled
+from gateway.auth import provide_api_key
+from gateway.limits import RateLimiter
+from gateway.routing import Router
+from gateway.settings import Settings
+from gateway.telemetry import start_server_span
+from gateway.usage import UsageRecorder
+
+
+def new_request_id() -> str:
+    return os.urandom(12).hex()
+
+
+def request_state(scope: Any) -> dict[str, Any]:
+    """Per-request values of ours (request id, start time, key) in the ASGI scope state."""
+    state = scope.get("state")
+    if state is None:
+        state = scope["state"] = {}
+    return state  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True)
+class Services:
+    """What the request path needs, built once by the app's lifespan."""
+
+    settings: Settings
+    router: Router
+    limiter: RateLimiter
+    recorder: UsageRecorder
+    redis: Redis
+    started_at: int = field(default_factory=lambda: int(time.time()))
+
+
+async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard: runs before the body is read, so a bad key is a 401 whatever the body says."""
+    scope = connection.scope
+    state = request_state(scope)
+    state["started"] = time.perf_counter()
+    state["request_id"] = new_request_id()
+    state["auth_started_ns"] = now_ns = time.time_ns()
+    if tracing_enabled():
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        state["server_span"] = start_server_span(
+            f"{scope['method']} {scope['path']}", headers, now_ns
+        )
+    state["api_key"] = await provide_api_key(connection)  # type: ignore[arg-type]

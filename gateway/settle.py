@@ -1,0 +1,83 @@
+"""Settling a call: the real token counts and cost replace the admission's reservation, the
+usage event is appended (one pipelined Redis round trip for both), metrics and the GenAI span
+record the outcome. Runs once per admitted call, whatever its end."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+from gateway.telemetry import genai_response_attributes, model_metrics
+from gateway.usage import UsageEvent
+
+if TYPE_CHECKING:
+    from gateway.call import Call
+
+logger = logging.getLogger(__name__)
+
+
+async def settle(call: Call) -> None:
+    now = time.perf_counter()
+    usage = call.billed()
+    billed_total = usage.prompt_tokens + usage.completion_tokens
+    cost = call.admission.cost_micros(
+        usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+    )
+    ttft_ms = (
+        (call.first_token_at - call.started) * 1000 if call.first_token_at is not None else None
+    )
+    event = UsageEvent(
+        request_id=call.request_id,
+        key_id=call.key.id,
+        model=call.public_model,
+        deployment=call.deployment.name if call.deployment else None,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        cost_micros=cost,
+        team_id=call.admission.team_id,
+        status=call.status,  # type: ignore[arg-type]
+        finish_reason=call.finish_reason if call.status == "ok" else None,
+        latency_ms=(now - call.started) * 1000,
+        ttft_ms=ttft_ms,
+        started_at=time.time() - (now - call.started),
+        finished_at=time.time(),
+    )
+    services = call.services
+    try:
+        pipe = services.redis.pipeline(transaction=False)
+        pipe.execute_command(*services.limiter.settle_command(call.admission, billed_total, cost))
+        services.recorder.record_in(pipe, event)
+        settled, recorded = await pipe.execute(raise_on_error=False)
+        if isinstance(recorded, Exception):
+            logger.error("usage of %s not recorded: %s", call.request_id, recorded)
+        if isinstance(settled, Exception):
+            # The settle script was forgotten (Redis restart): load it, settle again.
+            await services.limiter.settle(call.admission, billed_total, cost)
+    except RedisError:
+        logger.exception("could not settle %s or record its usage", call.request_id)
+    metrics = model_metrics(call.public_model)
+    metrics.requests(call.status).inc()
+    metrics.prompt_tokens.inc(usage.prompt_tokens)
+    metrics.completion_tokens.inc(usage.completion_tokens)
+    if ttft_ms is not None:
+        metrics.time_to_first_token.observe(ttft_ms / 1000)
+    if call.span.is_recording():
+        call.span.set_attributes(
+            genai_response_attributes(
+                call.response_id,
+                call.finish_reason,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+            )
+        )
+        if call.deployment is not None:
+            # Known only now: the deployment that served ("openai" for HTTP upstreams).
+            provider = "openai" if call.deployment.kind == "openai" else "sluicegate"
+            call.span.set_attribute("gen_ai.provider.name", provider)
+        if call.status != "ok":
+            call.span.set_attribute("error.type", call.status)
+    call.span.end()
