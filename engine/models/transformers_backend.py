@@ -2,12 +2,8 @@
 
 The checkpoint's own transformers class does everything but attention (projections, rotary,
 norms, residual layout), so fused projections, partial rotary or parallel residuals need no
-code here. Attention goes through transformers' ``AttentionInterface``: the model's
-``_attn_implementation`` names our function, which writes each layer's K/V into the engine's
-block pool and reads it back with paged attention, with the step's slot mapping, block tables
-and sequence lengths taken from the forward context the runner sets up. transformers builds no
-mask for an implementation it has no mask function for, and no cache is passed, so the block
-pool is the only KV state.
+code here. Attention goes through transformers' ``AttentionInterface`` to our paged attention
+(``engine.models.transformers_attention``), so every layer reads and writes the block pool.
 """
 
 from __future__ import annotations
@@ -15,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,15 +20,18 @@ from torch import nn
 
 from engine.attention import AttentionMetadata
 from engine.models.config import parse_dtype
-from engine.models.windowed_attention import windowed_paged_attention
+from engine.models.transformers_attention import (
+    ATTENTION_NAME,
+    ForwardContext,
+    PagedKVLayer,
+    UnsupportedTransformersModelError,
+    forward_context,
+    register,
+)
+
+__all__ = ["TransformersCausalLM", "UnsupportedTransformersModelError", "load_transformers_model"]
 
 logger = logging.getLogger(__name__)
-
-ATTENTION_NAME = "sluicegate_paged"
-
-
-class UnsupportedTransformersModelError(ValueError):
-    """The checkpoint's transformers class cannot run on the block pool; the message says why."""
 
 
 @dataclass
@@ -51,97 +49,6 @@ class TransformersModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     # Windows are applied per layer by the attention, so nothing caps the context length.
     sliding_window: int | None = None
-
-
-class PagedKVLayer:
-    """One attention layer's views into the block pool (assigned by the model runner)."""
-
-    def __init__(self) -> None:
-        self.k_cache = torch.empty(0)
-        self.v_cache = torch.empty(0)
-
-
-@dataclass
-class _ForwardContext:
-    meta: AttentionMetadata
-    layers: list[PagedKVLayer]
-    max_seq_len: int
-
-
-# A context variable rather than a global: two engines stepping in two threads each see
-# their own step's metadata.
-_context: ContextVar[_ForwardContext | None] = ContextVar("sluicegate_forward", default=None)
-
-
-@contextlib.contextmanager
-def _forward_context(context: _ForwardContext) -> Iterator[None]:
-    token = _context.set(context)
-    try:
-        yield
-    finally:
-        _context.reset(token)
-
-
-def paged_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """transformers' attention signature: q/k/v are [1, heads, tokens, head_dim] (all of the
-    step's requests packed into one row); returns [1, tokens, heads, head_dim]."""
-    context = _context.get()
-    if context is None:
-        raise RuntimeError(
-            f"{type(module).__name__} ran outside the engine's forward: the block pool is unset"
-        )
-    if not getattr(module, "is_causal", True):
-        raise UnsupportedTransformersModelError(
-            f"{type(module).__name__} is not causal; the block pool only serves causal attention"
-        )
-    layer = context.layers[module.layer_idx]
-    meta = context.meta
-    q = query[0].transpose(0, 1)
-    k = key[0].transpose(0, 1).contiguous()
-    v = value[0].transpose(0, 1).contiguous()
-    scale = scaling if scaling is not None else module.head_dim**-0.5
-    meta.backend.store_kv(k, v, layer.k_cache, layer.v_cache, meta.slot_mapping)
-    window_in_effect = sliding_window is not None and context.max_seq_len > sliding_window
-    if softcap or window_in_effect:
-        out = windowed_paged_attention(
-            q,
-            layer.k_cache,
-            layer.v_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.cu_seqlens_q,
-            scale,
-            sliding_window=sliding_window if window_in_effect else None,
-            softcap=softcap or None,
-        )
-    else:
-        out = meta.backend.paged_attention(
-            q.contiguous(),
-            layer.k_cache,
-            layer.v_cache,
-            meta.block_tables,
-            meta.seq_lens,
-            meta.cu_seqlens_q,
-            scale,
-        )
-    return out.unsqueeze(0), None
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)
 
 
 @contextlib.contextmanager
@@ -221,8 +128,8 @@ class TransformersCausalLM(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        context = _ForwardContext(meta, self._layers, int(meta.seq_lens.max()))
-        with _forward_context(context):
+        context = ForwardContext(meta, self._layers, int(meta.seq_lens.max()))
+        with forward_context(context):
             out = self.hf_model.base_model(
                 input_ids=input_ids[None],
                 position_ids=positions[None],
@@ -264,7 +171,7 @@ def load_transformers_model(
     from engine.models.loader import checkpoint_names, iter_checkpoint
 
     path = Path(path)
-    _register()
+    register()
     hf_config = AutoConfig.from_pretrained(path)
     try:
         model_class = AutoModelForCausalLM._model_mapping[type(hf_config)]
