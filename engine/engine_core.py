@@ -173,6 +173,8 @@ class EngineCore:
         self.grammars = GrammarCompiler(
             self.tokenizer.hf, config.vocab_size, sorted(self.eos_token_ids)
         )
+        # Each token's bytes (for logprobs) come from a table built once, off the step loop.
+        self.grammars.background(lambda: self.tokenizer.token_bytes(0))
         self.bitmask = TokenBitmask(config.vocab_size, options.max_num_seqs)
         self._requests: dict[str, Choice] = {}
         """Live choices by sequence id; a request's choice 0 has the request's own id."""

@@ -12,6 +12,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -122,6 +123,10 @@ class GrammarCompiler:
                 self._cache.popitem(last=False)
         future.add_done_callback(lambda f: self._forget_failure(spec.key, f))
         return future
+
+    def background(self, task: Callable[[], object]) -> None:
+        """Run ``task`` on the compile threads (start-up work no request should wait for)."""
+        self._pool.submit(task)
 
     def compile(self, spec: GrammarSpec) -> xgrammar.CompiledGrammar:
         return self.submit(spec).result()

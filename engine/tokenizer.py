@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ class Tokenizer:
         self.hf: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(model_path))
         self.eos_token_ids = _eos_token_ids(self.hf, Path(model_path))
         self._token_bytes: list[bytes] | None = None
+        self._token_bytes_lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text))
@@ -39,7 +41,9 @@ class Tokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for (byte-level and byte-fallback aware)."""
         if self._token_bytes is None:
-            self._token_bytes = _decoded_vocab(self.hf)
+            with self._token_bytes_lock:
+                if self._token_bytes is None:
+                    self._token_bytes = _decoded_vocab(self.hf)
         if 0 <= token_id < len(self._token_bytes) and self._token_bytes[token_id]:
             return self._token_bytes[token_id]
         return self.hf.decode([token_id]).encode()

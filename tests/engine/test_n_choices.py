@@ -29,16 +29,19 @@ def choices(deltas: list[RequestDelta], n: int) -> list[list[int]]:
     return [[t for d in deltas if d.index == i for t in d.token_ids] for i in range(n)]
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize(
+    ("kind", "model_impl"), [("llama", "native"), ("qwen3", "native"), ("llama", "transformers")]
+)
 @pytest.mark.parametrize("length", [16, 21])
 async def test_greedy_choices_equal_single_generation(
-    model_dirs: dict[str, Path], kind: str, length: int
+    model_dirs: dict[str, Path], kind: str, model_impl: str, length: int
 ) -> None:
     """Token-exact: a choice forked from the shared prefill (full blocks shared, the partial
     one copied) continues exactly as a request of its own."""
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    (want,) = LLM(str(model_dirs[kind]), num_kv_blocks=64).generate(prompt(length), params)
-    async with AsyncEngine(model_dirs[kind], num_kv_blocks=64) as engine:
+    llm = LLM(str(model_dirs[kind]), num_kv_blocks=64, model_impl=model_impl)
+    (want,) = llm.generate(prompt(length), params)
+    async with AsyncEngine(model_dirs[kind], num_kv_blocks=64, model_impl=model_impl) as engine:
         deltas = await run(engine, "g", prompt(length), params, 3)
         stats = engine.core.stats()  # type: ignore[union-attr]
     assert choices(deltas, 3) == [want.token_ids] * 3

@@ -147,3 +147,21 @@ async def test_compiling_requests_wait_off_the_step_loop(model_dirs: dict[str, P
         jsonschema.validate(json.loads(text), SCHEMAS["nested"])
     assert len(set(texts[:3])) == 1
     assert outputs[3][-1].finish_reason in ("stop", "length")
+
+
+async def test_every_choice_of_n_follows_the_schema(model_dirs: dict[str, Path]) -> None:
+    schema = SCHEMAS["arrays"]
+    options = RequestOptions(
+        n=3, structured=Structured("json_schema", json_schema=json.dumps(schema))
+    )
+    params = SamplingParams(max_tokens=120, temperature=1.0, seed=11)
+    async with AsyncEngine(model_dirs["qwen2"], num_kv_blocks=256) as engine:
+        deltas = [
+            d
+            async for d in engine.add_request("n3", messages=PROMPT, params=params, options=options)
+        ]
+    texts = ["".join(d.text for d in deltas if d.index == i) for i in range(3)]
+    for text in texts:
+        jsonschema.validate(json.loads(text), schema)
+    assert len(set(texts)) > 1, "choices sample independently"
+    assert {d.finish_reason for d in deltas if d.finish_reason} == {"stop"}
