@@ -157,6 +157,13 @@ class Sampling(msgspec.Struct, omit_defaults=True):
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
+class Thinking(msgspec.Struct, omit_defaults=True):
+    """Anthropic's ``thinking`` switch: the model's thinking mode, where it has one."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = None
+
+
 class ChatRequest(msgspec.Struct, kw_only=True):
     """One generation request, whichever API it came in by.
 
@@ -191,6 +198,7 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     verbosity: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
+    thinking: Thinking | None = None
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     """Fields outside this model, keyed by their path in the inbound request."""
     passthrough: dict[str, Any] | None = None
@@ -213,6 +221,8 @@ class Usage(msgspec.Struct, omit_defaults=True):
     """Prompt tokens served from a cache (part of ``prompt_tokens``)."""
     reasoning_tokens: int = 0
     """Completion tokens spent thinking (part of ``completion_tokens``)."""
+    cache_creation_tokens: int = 0
+    """Prompt tokens written to a provider's prompt cache (part of ``prompt_tokens``)."""
 
     @property
     def total_tokens(self) -> int:
@@ -259,6 +269,8 @@ class ChoiceDelta(msgspec.Struct, omit_defaults=True):
     tool_calls: list[ToolCallDelta] | None = None
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None
+    stop_sequence: str | None = None
+    """The client's stop sequence that ended the choice, when the backend says which."""
 
     def has_output(self) -> bool:
         return bool(self.text or self.reasoning or self.refusal or self.tool_calls)
@@ -298,6 +310,7 @@ class Choice(msgspec.Struct, omit_defaults=True):
     finish_reason: FinishReason
     refusal: str | None = None
     logprobs: list[TokenLogprob] | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass(slots=True)
@@ -333,6 +346,7 @@ class ResponseBuilder:
         self._call_heads: dict[int, dict[int, tuple[str, str]]] = {}
         self._logprobs: dict[int, list[TokenLogprob]] = {}
         self._finish: dict[int, FinishReason] = {}
+        self._stop_sequence: dict[int, str] = {}
         self.usage: Usage | None = None
         self.num_tokens = 0
 
@@ -358,6 +372,8 @@ class ResponseBuilder:
                 self._logprobs.setdefault(i, []).extend(delta.logprobs)
             if delta.finish_reason is not None:
                 self._finish[i] = delta.finish_reason
+            if delta.stop_sequence is not None:
+                self._stop_sequence[i] = delta.stop_sequence
 
     def build(self, raw: dict[str, Any] | None = None) -> Response:
         choices = []
@@ -376,6 +392,7 @@ class ResponseBuilder:
                     finish_reason=self._finish.get(i, "stop"),
                     refusal=refusal,
                     logprobs=self._logprobs.get(i),
+                    stop_sequence=self._stop_sequence.get(i),
                 )
             )
         return Response(choices, usage=self.usage, num_tokens=self.num_tokens, raw=raw)

@@ -28,6 +28,8 @@ class ProviderError(Exception):
     headers: dict[str, str] = field(default_factory=dict)
     param: str | None = None
     """The request field at fault (OpenAI's path syntax, e.g. ``messages[1].content[0]``)."""
+    retry_after_s: float | None = None
+    """How long the upstream asked us to wait before trying it again (its ``retry-after``)."""
 
     def __str__(self) -> str:
         return self.message
