@@ -34,7 +34,6 @@ fast 503 instead of every client waiting for its timeout. Cooldown state is per 
 from __future__ import annotations
 
 import importlib
-import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,6 +50,7 @@ from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder, Usa
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import Provider, ProviderError
 from gateway.providers.openai import CONNECT_TIMEOUT_S, OpenAIProvider
+from gateway.routing_config import HOSTED_KINDS, ConfigError, api_key, hosted_provider
 from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
 
@@ -59,10 +59,6 @@ T = TypeVar("T")
 DISCOVERY_REFRESH_S = 1.0
 DISCOVERY_WINDOW_S = 3600.0
 """A model whose workers last beat longer ago than this is not added (one added stays)."""
-
-
-class ConfigError(ValueError):
-    """The routing YAML is malformed."""
 
 
 @dataclass(eq=False)
@@ -209,19 +205,23 @@ class Router:
             base_url = spec.get("base_url")
             if not base_url:
                 raise ConfigError(f"openai deployment needs base_url: {spec!r}")
-            api_key_env = spec.get("api_key_env")
             provider = OpenAIProvider(
                 name=spec.get("name") or self._unique_name(f"openai:{model}"),
                 base_url=base_url,
                 model=model,
                 client=self.client,
-                api_key=os.environ.get(api_key_env) if api_key_env else None,
+                api_key=api_key(spec),
                 read_timeout_s=self._settings.request_timeout_s,
             )
         elif kind == "engine":
             provider = self._engine_provider(model)
+        elif kind in HOSTED_KINDS:
+            name = spec.get("name") or self._unique_name(f"{kind}:{model}")
+            timeout = self._settings.request_timeout_s
+            provider = hosted_provider(kind, spec, name, self.client, timeout)
         else:
-            raise ConfigError(f"unknown provider kind {kind!r} (expected openai or engine)")
+            kinds = ", ".join(("openai", "engine", *HOSTED_KINDS))
+            raise ConfigError(f"unknown provider kind {kind!r} (expected one of {kinds})")
         return Deployment(provider=provider, kind=kind, model=model, weight=weight, mode=mode)
 
     def _unique_name(self, base: str) -> str:

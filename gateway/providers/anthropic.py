@@ -1,0 +1,114 @@
+"""Anthropic's Messages API as a deployment (``provider: anthropic``).
+
+``x-api-key`` and ``anthropic-version`` headers; streamed answers are Anthropic's named SSE
+events, read by ``StreamReader``. Tools, images, JSON-schema output (``output_config.format``),
+thinking, ``top_k`` and stop sequences are carried; OpenAI-only options (``n``, ``seed``,
+penalties, logprobs, ...) are a 400 naming them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from gateway.canonical import ChatRequest, Chunk, Response
+from gateway.providers.base import ProviderError
+from gateway.providers.features import first_unsupported
+from gateway.providers.hosted import HostedClient, sse_events, status_error
+from gateway.translate.anthropic_out import StreamReader, messages_body, response_of
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+
+SUPPORTED = frozenset(
+    {
+        "top_k",
+        "parallel_tool_calls",
+        "reasoning_effort",
+        "thinking",
+        "service_tier",
+        "response_format:json_schema",
+        "tool_choice:none",
+        "image",
+        "image_url",
+    }
+)
+
+_STATUS_OF_ERROR_EVENT = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}
+
+
+class AnthropicProvider:
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        client: httpx.AsyncClient,
+        api_key: str | None,
+        base_url: str = DEFAULT_BASE_URL,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self._http = HostedClient(name, client, read_timeout_s)
+        self._url = base_url.rstrip("/") + "/v1/messages"
+        self._headers = {"content-type": "application/json", "anthropic-version": API_VERSION}
+        if api_key:
+            self._headers["x-api-key"] = api_key
+
+    def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        return first_unsupported(request, SUPPORTED, "Anthropic models")
+
+    def _body(self, request: ChatRequest, stream: bool) -> bytes:
+        body = messages_body(request, self.model)
+        if stream:
+            body["stream"] = True
+        return json.dumps(body).encode()
+
+    async def complete(self, request: ChatRequest) -> Response:
+        raw, _ = await self._http.post(
+            request, self._url, self._headers, self._body(request, False)
+        )
+        try:
+            return response_of(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(
+                f"deployment {self.name} sent an unreadable answer", retryable=True
+            ) from exc
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        reader = StreamReader()
+        started = False
+        async with self._http.stream(self._url, self._headers, self._body(request, True)) as resp:
+            try:
+                async for name, data in sse_events(resp):
+                    event = json.loads(data)
+                    if name == "error" or event.get("type") == "error":
+                        error = event.get("error") or {}
+                        status = _STATUS_OF_ERROR_EVENT.get(error.get("type"), 500)
+                        failure = status_error(self.name, status, error.get("message", ""))
+                        failure.retryable = failure.retryable and not started
+                        raise failure
+                    chunk = reader.read(event)
+                    if chunk is not None:
+                        started = started or chunk.has_output()
+                        yield chunk
+                    if event.get("type") == "message_stop":
+                        return
+            except httpx.TransportError as exc:
+                raise ProviderError(
+                    f"deployment {self.name} failed mid-stream", retryable=not started
+                ) from exc
+            except ValueError as exc:
+                raise ProviderError(
+                    f"deployment {self.name} sent an unreadable event", retryable=not started
+                ) from exc
+        raise ProviderError(f"deployment {self.name} ended the stream early", retryable=not started)
+
+    async def is_available(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        """Nothing of its own: the httpx client is the router's."""

@@ -1,0 +1,139 @@
+"""Azure OpenAI as a deployment (``provider: azure``).
+
+Azure speaks OpenAI's chat/completions wire format at its own addresses:
+``{endpoint}/openai/deployments/{deployment}/chat/completions?api-version=...`` for a classic
+deployment, or ``{endpoint}/openai/v1/chat/completions`` (model in the body) for the v1 API;
+the key goes in the ``api-key`` header. A request that came in by OpenAI's API is forwarded
+field for field; others are built from the canonical model (translate/openai_out.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from gateway.canonical import ChatRequest, ChoiceDelta, Chunk, Response, Usage
+from gateway.providers.base import ProviderError
+from gateway.providers.features import first_unsupported
+from gateway.providers.hosted import HostedClient, sse_events
+from gateway.translate.openai_out import chat_body, chunk_of, response_of
+
+DEFAULT_API_VERSION = "2024-10-21"
+
+SUPPORTED = frozenset(
+    {
+        "n",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "parallel_tool_calls",
+        "reasoning_effort",
+        "metadata",
+        "service_tier",
+        "response_format:json_object",
+        "response_format:json_schema",
+        "tool_choice:none",
+        "image",
+        "image_url",
+        "input_audio",
+        "file",
+    }
+)
+
+
+class AzureProvider:
+    def __init__(
+        self,
+        *,
+        name: str,
+        endpoint: str,
+        model: str,
+        client: httpx.AsyncClient,
+        api_key: str | None,
+        deployment: str | None = None,
+        api_version: str = DEFAULT_API_VERSION,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self._http = HostedClient(name, client, read_timeout_s)
+        endpoint = endpoint.rstrip("/")
+        if deployment:
+            self._url = (
+                f"{endpoint}/openai/deployments/{deployment}/chat/completions"
+                f"?api-version={api_version}"
+            )
+            self._body_model: str | None = None  # the deployment names the model
+        else:
+            self._url = f"{endpoint}/openai/v1/chat/completions"
+            self._body_model = model
+        self._headers = {"content-type": "application/json"}
+        if api_key:
+            self._headers["api-key"] = api_key
+
+    def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        if request.passthrough is not None:
+            return None  # OpenAI's own body: Azure takes OpenAI's fields
+        return first_unsupported(request, SUPPORTED, "Azure OpenAI")
+
+    def _headers_for(self, request: ChatRequest) -> dict[str, str]:
+        if request.traceparent:
+            return {**self._headers, "traceparent": request.traceparent}
+        return self._headers
+
+    async def complete(self, request: ChatRequest) -> Response:
+        body = json.dumps(chat_body(request, self._body_model, stream=False)).encode()
+        raw, _ = await self._http.post(request, self._url, self._headers_for(request), body)
+        try:
+            return response_of(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(
+                f"deployment {self.name} sent an unreadable answer", retryable=True
+            ) from exc
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        body = json.dumps(chat_body(request, self._body_model, stream=True)).encode()
+        started = False
+        finished: list[ChoiceDelta] = []
+        usage: Usage | None = None
+        async with self._http.stream(self._url, self._headers_for(request), body) as resp:
+            try:
+                async for _, data in sse_events(resp):
+                    if data.strip() == "[DONE]":
+                        break
+                    chunk = chunk_of(json.loads(data))
+                    usage = chunk.usage or usage
+                    # Finish reasons wait for the usage chunk that follows them.
+                    for delta in chunk.choices:
+                        if delta.finish_reason is not None:
+                            finished.append(
+                                ChoiceDelta(index=delta.index, finish_reason=delta.finish_reason)
+                            )
+                            delta.finish_reason = None
+                    if chunk.has_output():
+                        started = True
+                        chunk.usage = None
+                        yield chunk
+            except httpx.TransportError as exc:
+                raise ProviderError(
+                    f"deployment {self.name} failed mid-stream", retryable=not started
+                ) from exc
+            except ValueError as exc:
+                raise ProviderError(
+                    f"deployment {self.name} sent an unreadable chunk", retryable=not started
+                ) from exc
+        if not finished:
+            raise ProviderError(
+                f"deployment {self.name} ended the stream early", retryable=not started
+            )
+        yield Chunk(finished, usage=usage)
+
+    async def is_available(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        """Nothing of its own: the httpx client is the router's."""

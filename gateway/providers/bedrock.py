@@ -1,0 +1,316 @@
+"""AWS Bedrock's Converse API as a deployment (``provider: bedrock``).
+
+``POST /model/{modelId}/converse`` and ``/converse-stream``, signed with botocore's SigV4
+signer with credentials from the standard AWS chain (environment, shared files, instance
+role), resolved once and refreshed by botocore. ConverseStream answers in AWS's binary event
+stream, decoded with botocore's ``EventStreamBuffer``. Turns map like Anthropic's (Converse has
+the same shape): system turns to ``system``, tool results to ``user`` turns of ``toolResult``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from botocore.eventstream import EventStreamBuffer, EventStreamError
+from botocore.session import Session
+
+from gateway.canonical import (
+    ChatRequest,
+    Choice,
+    ChoiceDelta,
+    Chunk,
+    ImagePart,
+    Message,
+    Part,
+    Response,
+    TextPart,
+    ToolCall,
+    ToolCallDelta,
+    ToolResult,
+    Usage,
+)
+from gateway.providers.base import ProviderError
+from gateway.providers.features import data_url, first_unsupported
+from gateway.providers.hosted import HostedClient, status_error
+
+SUPPORTED = frozenset({"top_k", "image"})
+
+FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "guardrail_intervened": "content_filter",
+    "content_filtered": "content_filter",
+    "model_context_window_exceeded": "length",
+}
+_EXCEPTION_STATUS = {
+    "throttlingException": 429,
+    "serviceUnavailableException": 503,
+    "modelStreamErrorException": 500,
+    "internalServerException": 500,
+    "validationException": 400,
+}
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {"_raw": text}
+
+
+def _block(part: Part) -> dict[str, Any] | None:
+    if isinstance(part, TextPart):
+        return {"text": part.text} if part.text else None
+    if isinstance(part, ImagePart):
+        media_type, data = data_url(part.url)
+        return {"image": {"format": media_type.split("/")[-1], "source": {"bytes": data}}}
+    if isinstance(part, ToolCall):
+        return {
+            "toolUse": {
+                "toolUseId": part.id,
+                "name": part.name,
+                "input": _arguments(part.arguments),
+            }
+        }
+    if isinstance(part, ToolResult):
+        result = {
+            "toolUseId": part.tool_call_id,
+            "content": [{"text": part.text()}],
+            "status": "error" if part.is_error else "success",
+        }
+        return {"toolResult": result}
+    return None
+
+
+def converse_body(request: ChatRequest) -> dict[str, Any]:
+    system: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
+    for message in request.messages or ():
+        if message.role in {"system", "developer"}:
+            system.append({"text": message.text()})
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = [b for b in map(_block, message.parts) if b is not None]
+        if not blocks:
+            continue
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    body: dict[str, Any] = {"messages": turns}
+    if system:
+        body["system"] = system
+    s = request.sampling
+    config = {
+        "maxTokens": s.max_tokens,
+        "temperature": s.temperature,
+        "topP": s.top_p,
+        "stopSequences": s.stop,
+    }
+    inference = {k: v for k, v in config.items() if v is not None}
+    if inference:
+        body["inferenceConfig"] = inference
+    if s.top_k:
+        body["additionalModelRequestFields"] = {"top_k": s.top_k}
+    if request.tools:
+        tools: dict[str, Any] = {
+            "tools": [
+                {
+                    "toolSpec": {
+                        "name": t.name,
+                        **({"description": t.description} if t.description else {}),
+                        "inputSchema": {"json": t.parameters or {"type": "object"}},
+                    }
+                }
+                for t in request.tools
+            ]
+        }
+        choice = request.tool_choice
+        if choice is not None and choice.mode != "auto":
+            tools["toolChoice"] = (
+                {"any": {}} if choice.mode == "required" else {"tool": {"name": choice.name}}
+            )
+        body["toolConfig"] = tools
+    return body
+
+
+def usage_of(raw: dict[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+    read = int(raw.get("cacheReadInputTokens") or 0)
+    written = int(raw.get("cacheWriteInputTokens") or 0)
+    return Usage(
+        prompt_tokens=int(raw.get("inputTokens") or 0) + read + written,
+        completion_tokens=int(raw.get("outputTokens") or 0),
+        cached_tokens=read,
+        cache_creation_tokens=written,
+    )
+
+
+def response_of(body: dict[str, Any]) -> Response:
+    parts: list[Part] = []
+    reasoning: list[str] = []
+    for block in ((body.get("output") or {}).get("message") or {}).get("content") or ():
+        if "text" in block:
+            parts.append(TextPart(block["text"]))
+        elif "toolUse" in block:
+            use = block["toolUse"]
+            arguments = json.dumps(use.get("input") or {}, separators=(",", ":"))
+            parts.append(ToolCall(use["toolUseId"], use["name"], arguments))
+        elif "reasoningContent" in block:
+            reasoning.append(
+                ((block["reasoningContent"] or {}).get("reasoningText") or {}).get("text", "")
+            )
+    stop = body.get("stopReason") or "end_turn"
+    message = Message("assistant", parts, reasoning="".join(reasoning) or None)
+    usage = usage_of(body.get("usage"))
+    choice = Choice(0, message, FINISH_REASONS.get(stop, stop))
+    return Response([choice], usage=usage, num_tokens=usage.completion_tokens if usage else 0)
+
+
+class _StreamReader:
+    """ConverseStream events (by ``:event-type``) to canonical chunks."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, int] = {}
+        self.finish: str | None = None
+
+    def read(self, event_type: str, event: dict[str, Any]) -> Chunk | None:
+        if event_type == "contentBlockStart":
+            use = (event.get("start") or {}).get("toolUse")
+            if use:
+                index = self._calls[event.get("contentBlockIndex", 0)] = len(self._calls)
+                head = ToolCallDelta(index, id=use.get("toolUseId"), name=use.get("name"))
+                return Chunk([ChoiceDelta(tool_calls=[head])])
+        elif event_type == "contentBlockDelta":
+            delta = event.get("delta") or {}
+            if "text" in delta:
+                return Chunk([ChoiceDelta(text=delta["text"])], num_tokens=1)
+            if "toolUse" in delta:
+                index = self._calls.get(event.get("contentBlockIndex", 0), 0)
+                piece = ToolCallDelta(index, arguments=delta["toolUse"].get("input", ""))
+                return Chunk([ChoiceDelta(tool_calls=[piece])], num_tokens=1)
+            if "reasoningContent" in delta:
+                text = (delta["reasoningContent"] or {}).get("text", "")
+                return Chunk([ChoiceDelta(reasoning=text)], num_tokens=1) if text else None
+        elif event_type == "messageStop":
+            stop = event.get("stopReason") or "end_turn"
+            self.finish = FINISH_REASONS.get(stop, stop)
+        elif event_type == "metadata":
+            return Chunk(
+                [ChoiceDelta(finish_reason=self.finish or "stop")],
+                usage=usage_of(event.get("usage")),
+            )
+        return None
+
+
+class BedrockProvider:
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        client: httpx.AsyncClient,
+        region: str | None = None,
+        base_url: str | None = None,
+        read_timeout_s: float = 600.0,
+        credentials: Credentials | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self._http = HostedClient(name, client, read_timeout_s)
+        session = Session()
+        self._region = region or session.get_config_variable("region") or "us-east-1"
+        base = base_url or f"https://bedrock-runtime.{self._region}.amazonaws.com"
+        self._base = f"{base.rstrip('/')}/model/{quote(model, safe='')}"
+        self._credentials = credentials
+        self._session = session
+
+    def _signed_headers(self, url: str, body: bytes, accept: str) -> dict[str, str]:
+        if self._credentials is None:
+            self._credentials = self._session.get_credentials()
+            if self._credentials is None:
+                raise ProviderError(
+                    f"deployment {self.name} has no AWS credentials", retryable=True
+                )
+        request = AWSRequest(
+            method="POST",
+            url=url,
+            data=body,
+            headers={"content-type": "application/json", "accept": accept},
+        )
+        SigV4Auth(self._credentials.get_frozen_credentials(), "bedrock", self._region).add_auth(
+            request
+        )
+        return dict(request.headers.items())
+
+    def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        return first_unsupported(request, SUPPORTED, "Bedrock Converse")
+
+    async def complete(self, request: ChatRequest) -> Response:
+        url = f"{self._base}/converse"
+        body = json.dumps(converse_body(request)).encode()
+        headers = self._signed_headers(url, body, "application/json")
+        raw, _ = await self._http.post(request, url, headers, body)
+        try:
+            return response_of(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(
+                f"deployment {self.name} sent an unreadable answer", retryable=True
+            ) from exc
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        url = f"{self._base}/converse-stream"
+        body = json.dumps(converse_body(request)).encode()
+        headers = self._signed_headers(url, body, "application/vnd.amazon.eventstream")
+        reader = _StreamReader()
+        started = False
+        buffer = EventStreamBuffer()
+        async with self._http.stream(url, headers, body) as resp:
+            try:
+                async for data in resp.aiter_bytes():
+                    buffer.add_data(data)
+                    for message in buffer:
+                        chunk = self._read(reader, message.headers, message.payload, started)
+                        if chunk is not None:
+                            started = started or chunk.has_output()
+                            yield chunk
+                            if chunk.finish_reason() is not None:
+                                return
+            except httpx.TransportError as exc:
+                raise ProviderError(
+                    f"deployment {self.name} failed mid-stream", retryable=not started
+                ) from exc
+            except (EventStreamError, ValueError) as exc:
+                raise ProviderError(
+                    f"deployment {self.name} sent an unreadable event", retryable=not started
+                ) from exc
+        raise ProviderError(f"deployment {self.name} ended the stream early", retryable=not started)
+
+    def _read(
+        self, reader: _StreamReader, headers: dict[str, Any], payload: bytes, started: bool
+    ) -> Chunk | None:
+        event = json.loads(payload) if payload else {}
+        if headers.get(":message-type") == "exception":
+            kind = str(headers.get(":exception-type", ""))
+            failure = status_error(
+                self.name, _EXCEPTION_STATUS.get(kind, 500), str(event.get("message", kind))
+            )
+            failure.retryable = failure.retryable and not started
+            raise failure
+        return reader.read(str(headers.get(":event-type", "")), event)
+
+    async def is_available(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        """Nothing of its own: the httpx client is the router's."""

@@ -1,0 +1,315 @@
+"""Google AI's Gemini API as a deployment (``provider: gemini``).
+
+``POST {base}/v1beta/models/{model}:generateContent`` and ``:streamGenerateContent?alt=sse``
+with ``x-goog-api-key``. System turns become ``systemInstruction``, tools
+``functionDeclarations``, assistant calls ``functionCall`` parts and tool results
+``functionResponse`` parts (Gemini names the function, not the call, so the name is found from
+the call id in an earlier turn). Usage comes from ``usageMetadata``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gateway.canonical import (
+    ChatRequest,
+    Choice,
+    ChoiceDelta,
+    Chunk,
+    ImagePart,
+    Message,
+    Part,
+    Response,
+    TextPart,
+    ToolCall,
+    ToolCallDelta,
+    ToolResult,
+    Usage,
+)
+from gateway.providers.base import ProviderError
+from gateway.providers.features import data_url, first_unsupported
+from gateway.providers.hosted import HostedClient, sse_events
+
+DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
+
+SUPPORTED = frozenset(
+    {
+        "n",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "top_k",
+        "logprobs",
+        "thinking",
+        "reasoning_effort",
+        "response_format:json_object",
+        "response_format:json_schema",
+        "tool_choice:none",
+        "image",
+    }
+)
+
+FINISH_REASONS = {
+    "STOP": "stop",
+    "MAX_TOKENS": "length",
+    "SAFETY": "content_filter",
+    "RECITATION": "content_filter",
+    "BLOCKLIST": "content_filter",
+    "PROHIBITED_CONTENT": "content_filter",
+    "SPII": "content_filter",
+}
+_EFFORT_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text) if text else {}
+    except ValueError:
+        return {"_raw": text}
+
+
+def _parts(message: Message, call_names: dict[str, str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for part in message.parts:
+        if isinstance(part, TextPart):
+            if part.text:
+                out.append({"text": part.text})
+        elif isinstance(part, ImagePart):
+            mime, data = data_url(part.url)
+            out.append({"inlineData": {"mimeType": mime, "data": data}})
+        elif isinstance(part, ToolCall):
+            call_names[part.id] = part.name
+            out.append({"functionCall": {"name": part.name, "args": _arguments(part.arguments)}})
+        elif isinstance(part, ToolResult):
+            key = "error" if part.is_error else "output"
+            response = {"name": call_names.get(part.tool_call_id, part.tool_call_id)}
+            out.append({"functionResponse": {**response, "response": {key: part.text()}}})
+    return out
+
+
+def generate_body(request: ChatRequest) -> dict[str, Any]:
+    call_names: dict[str, str] = {}
+    system: list[str] = []
+    contents: list[dict[str, Any]] = []
+    for message in request.messages or ():
+        if message.role in {"system", "developer"}:
+            system.append(message.text())
+            continue
+        role = "model" if message.role == "assistant" else "user"
+        parts = _parts(message, call_names)
+        if not parts:
+            continue
+        if contents and contents[-1]["role"] == role:
+            contents[-1]["parts"].extend(parts)
+        else:
+            contents.append({"role": role, "parts": parts})
+    body: dict[str, Any] = {"contents": contents}
+    if system:
+        body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    s = request.sampling
+    config = {
+        "maxOutputTokens": s.max_tokens,
+        "temperature": s.temperature,
+        "topP": s.top_p,
+        "topK": s.top_k,
+        "stopSequences": s.stop,
+        "candidateCount": s.n if s.n > 1 else None,
+        "seed": s.seed,
+        "presencePenalty": s.presence_penalty,
+        "frequencyPenalty": s.frequency_penalty,
+        "responseLogprobs": True if s.logprobs else None,
+        "logprobs": s.top_logprobs,
+    }
+    generation: dict[str, Any] = {k: v for k, v in config.items() if v is not None}
+    output = request.output
+    if output is not None and output.kind in {"json_object", "json_schema"}:
+        generation["responseMimeType"] = "application/json"
+        if output.kind == "json_schema":
+            generation["responseJsonSchema"] = output.schema or {}
+    thinking = request.thinking
+    if thinking is not None or request.reasoning_effort is not None:
+        if thinking is not None and thinking.type == "disabled":
+            budget = 0
+        elif thinking is not None and thinking.type == "enabled" and thinking.budget_tokens:
+            budget = thinking.budget_tokens
+        elif request.reasoning_effort is not None:
+            budget = _EFFORT_BUDGET[request.reasoning_effort]
+        else:
+            budget = -1  # adaptive: the model decides
+        generation["thinkingConfig"] = {"thinkingBudget": budget, "includeThoughts": budget != 0}
+    if generation:
+        body["generationConfig"] = generation
+    if request.tools:
+        declarations = [
+            {
+                "name": t.name,
+                **({"description": t.description} if t.description else {}),
+                **({"parametersJsonSchema": t.parameters} if t.parameters else {}),
+            }
+            for t in request.tools
+        ]
+        body["tools"] = [{"functionDeclarations": declarations}]
+    if request.tool_choice is not None:
+        mode = request.tool_choice.mode
+        calling: dict[str, Any] = {
+            "mode": {"auto": "AUTO", "none": "NONE", "required": "ANY", "function": "ANY"}[mode]
+        }
+        if mode == "function" and request.tool_choice.name:
+            calling["allowedFunctionNames"] = [request.tool_choice.name]
+        body["toolConfig"] = {"functionCallingConfig": calling}
+    return body
+
+
+def usage_of(raw: dict[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+    thoughts = int(raw.get("thoughtsTokenCount") or 0)
+    return Usage(
+        prompt_tokens=int(raw.get("promptTokenCount") or 0),
+        completion_tokens=int(raw.get("candidatesTokenCount") or 0) + thoughts,
+        cached_tokens=int(raw.get("cachedContentTokenCount") or 0),
+        reasoning_tokens=thoughts,
+    )
+
+
+class _Calls:
+    """Gemini's function calls carry no id (or an optional one): number them per choice."""
+
+    def __init__(self, response_id: str) -> None:
+        self._prefix = f"call_{response_id[:16]}"
+        self.count: dict[int, int] = {}
+
+    def next(self, choice: int, given: str | None) -> tuple[int, str]:
+        index = self.count.get(choice, 0)
+        self.count[choice] = index + 1
+        return index, given or f"{self._prefix}_{choice}_{index}"
+
+
+def _candidate_deltas(body: dict[str, Any], calls: _Calls) -> list[ChoiceDelta]:
+    deltas = []
+    for position, candidate in enumerate(body.get("candidates") or ()):
+        index = int(candidate.get("index", position))
+        delta = ChoiceDelta(index=index)
+        tool_calls = []
+        for part in (candidate.get("content") or {}).get("parts") or ():
+            if "text" in part:
+                if part.get("thought"):
+                    delta.reasoning += part["text"]
+                else:
+                    delta.text += part["text"]
+            elif "functionCall" in part:
+                call = part["functionCall"]
+                k, call_id = calls.next(index, call.get("id"))
+                arguments = json.dumps(call.get("args") or {}, separators=(",", ":"))
+                tool_calls.append(
+                    ToolCallDelta(k, id=call_id, name=call["name"], arguments=arguments)
+                )
+        if tool_calls:
+            delta.tool_calls = tool_calls
+        reason = candidate.get("finishReason")
+        if reason:
+            finish = FINISH_REASONS.get(reason, reason.lower())
+            delta.finish_reason = (
+                "tool_calls" if calls.count.get(index) and finish == "stop" else finish
+            )
+        deltas.append(delta)
+    return deltas
+
+
+class GeminiProvider:
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        client: httpx.AsyncClient,
+        api_key: str | None,
+        base_url: str = DEFAULT_BASE_URL,
+        read_timeout_s: float = 600.0,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self._http = HostedClient(name, client, read_timeout_s)
+        self._base = f"{base_url.rstrip('/')}/v1beta/models/{model}"
+        self._headers = {"content-type": "application/json"}
+        if api_key:
+            self._headers["x-goog-api-key"] = api_key
+
+    def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        return first_unsupported(request, SUPPORTED, "Gemini models")
+
+    async def complete(self, request: ChatRequest) -> Response:
+        body = json.dumps(generate_body(request)).encode()
+        raw, _ = await self._http.post(
+            request, f"{self._base}:generateContent", self._headers, body
+        )
+        try:
+            answer = json.loads(raw)
+            deltas = _candidate_deltas(answer, _Calls(request.request_id or "gemini"))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(
+                f"deployment {self.name} sent an unreadable answer", retryable=True
+            ) from exc
+        if not deltas:
+            raise ProviderError(f"deployment {self.name} answered no candidates", retryable=True)
+        choices = []
+        for d in deltas:
+            parts: list[Part] = [TextPart(d.text)]
+            parts += [ToolCall(c.id or "", c.name or "", c.arguments) for c in d.tool_calls or ()]
+            message = Message("assistant", parts, reasoning=d.reasoning or None)
+            choices.append(Choice(d.index, message, d.finish_reason or "stop"))
+        usage = usage_of(answer.get("usageMetadata"))
+        return Response(choices, usage=usage, num_tokens=usage.completion_tokens if usage else 0)
+
+    async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        body = json.dumps(generate_body(request)).encode()
+        url = f"{self._base}:streamGenerateContent?alt=sse"
+        calls = _Calls(request.request_id or "gemini")
+        usage: Usage | None = None
+        started = False
+        finished: list[ChoiceDelta] = []
+        async with self._http.stream(url, self._headers, body) as resp:
+            try:
+                async for _, data in sse_events(resp):
+                    event = json.loads(data)
+                    if "error" in event:
+                        message = (event["error"] or {}).get("message", "")
+                        raise ProviderError(
+                            f"deployment {self.name} failed: {message}", retryable=not started
+                        )
+                    usage = usage_of(event.get("usageMetadata")) or usage
+                    deltas = _candidate_deltas(event, calls)
+                    # Finish reasons wait for the last event, which carries the final usage.
+                    for d in deltas:
+                        if d.finish_reason is not None:
+                            finished.append(
+                                ChoiceDelta(index=d.index, finish_reason=d.finish_reason)
+                            )
+                            d.finish_reason = None
+                    output = [d for d in deltas if d.has_output()]
+                    if output:
+                        started = True
+                        yield Chunk(output, num_tokens=1)
+            except httpx.TransportError as exc:
+                raise ProviderError(
+                    f"deployment {self.name} failed mid-stream", retryable=not started
+                ) from exc
+            except ValueError as exc:
+                raise ProviderError(
+                    f"deployment {self.name} sent an unreadable event", retryable=not started
+                ) from exc
+        if not finished:
+            raise ProviderError(
+                f"deployment {self.name} ended the stream early", retryable=not started
+            )
+        yield Chunk(finished, usage=usage)
+
+    async def is_available(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        """Nothing of its own: the httpx client is the router's."""

@@ -1,0 +1,160 @@
+"""HTTP plumbing shared by the hosted-API providers (Anthropic, Gemini, Azure OpenAI, Bedrock).
+
+One httpx client (the router's) carries plain and TLS, streamed and whole calls. Failures map
+onto ``ProviderError`` the same way for every hosted API: connect errors, timeouts, 5xx, 529
+and 429 are ``retryable`` (a ``retry-after`` is kept so the router can honour it); 401/403/404
+mean this deployment is misconfigured, so they are retryable too and the upstream's words go
+to the operator's log, not to the client; any other 4xx is the client's request at fault and
+its message is passed on. Messages name the deployment, never its URL or key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from email.utils import parsedate_to_datetime
+
+import httpx
+
+from gateway.canonical import ChatRequest
+from gateway.errors import redact
+from gateway.providers.base import ProviderError
+
+logger = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 5.0
+_CONTEXT_HINTS = ("context length", "context window", "too long", "prompt is too long")
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """Seconds from a ``retry-after`` (or ``retry-after-ms``) header, if there is one."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+def status_error(
+    deployment: str, status: int, message: str, headers: httpx.Headers | None = None
+) -> ProviderError:
+    """The ``ProviderError`` for an upstream's non-2xx answer."""
+    message = redact(message.strip())[:500]
+    if status in {401, 403, 404}:
+        logger.warning("deployment %s refused the call (%d): %s", deployment, status, message)
+        return ProviderError(
+            f"deployment {deployment} refused the gateway's call ({status})",
+            retryable=True,
+            status_code=502,
+        )
+    if status == 429 or status == 408 or status >= 500:
+        return ProviderError(
+            f"deployment {deployment} answered {status}: {message}",
+            retryable=True,
+            status_code=429 if status == 429 else 502,
+            code="rate_limited" if status == 429 else "upstream_error",
+            retry_after_s=retry_after(headers) if headers is not None else None,
+        )
+    if any(hint in message.lower() for hint in _CONTEXT_HINTS):
+        return ProviderError(message, status_code=400, code="context_length_exceeded")
+    return ProviderError(message, status_code=400, code="invalid_request")
+
+
+class HostedClient:
+    """One deployment's calls over the router's shared httpx client."""
+
+    def __init__(self, name: str, client: httpx.AsyncClient, read_timeout_s: float) -> None:
+        self.name = name
+        self._client = client
+        self._read_timeout_s = read_timeout_s
+
+    def _timeout(self, request: ChatRequest) -> httpx.Timeout:
+        # A whole answer is bounded by the request's deadline, not a first-token timeout.
+        budget = request.deadline - time.time() if request.deadline else self._read_timeout_s
+        return httpx.Timeout(max(0.001, budget), connect=CONNECT_TIMEOUT_S)
+
+    def _transport_error(self, exc: Exception, started: bool = False) -> ProviderError:
+        kind = "timed out" if isinstance(exc, httpx.TimeoutException) else "unreachable"
+        logger.warning("deployment %s %s: %s", self.name, kind, type(exc).__name__)
+        return ProviderError(
+            f"deployment {self.name} {kind}", retryable=not started, status_code=502
+        )
+
+    async def post(
+        self, request: ChatRequest, url: str, headers: dict[str, str], body: bytes
+    ) -> tuple[bytes, httpx.Headers]:
+        """The 2xx body of a whole call; a ``ProviderError`` for anything else."""
+        try:
+            response = await self._client.post(
+                url, content=body, headers=headers, timeout=self._timeout(request)
+            )
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc) from None
+        if response.status_code >= 300:
+            raise status_error(
+                self.name, response.status_code, error_message(response.content), response.headers
+            )
+        return response.content, response.headers
+
+    @asynccontextmanager
+    async def stream(
+        self, url: str, headers: dict[str, str], body: bytes
+    ) -> AsyncIterator[httpx.Response]:
+        """An open streamed response with a 2xx status (the caller reads its body)."""
+        try:
+            async with self._client.stream("POST", url, content=body, headers=headers) as response:
+                if response.status_code >= 300:
+                    raw = await response.aread()
+                    raise status_error(
+                        self.name, response.status_code, error_message(raw), response.headers
+                    )
+                yield response
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc) from None
+
+
+def error_message(raw: bytes) -> str:
+    """The human part of an upstream's error body, whichever hosted API sent it."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return raw[:300].decode(errors="replace")
+    if isinstance(body, list) and body:
+        body = body[0]
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return str(error["message"])
+        if isinstance(body.get("message"), str):
+            return str(body["message"])
+    return raw[:300].decode(errors="replace")
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """``(event, data)`` pairs of a server-sent-events body (event is "" when unnamed)."""
+    event, data = "", []
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield event, "\n".join(data)

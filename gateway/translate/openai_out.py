@@ -1,0 +1,230 @@
+"""Canonical requests as OpenAI chat/completions bodies, and OpenAI's answers as canonical ones,
+for backends that speak OpenAI's wire format under another address (Azure OpenAI).
+
+A request that came in by OpenAI's own API carries the client's body (``passthrough``): that
+goes upstream field for field, ``model`` rewritten and usage asked for in streams. Requests
+from other APIs are built from the canonical model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.canonical import (
+    AudioPart,
+    ChatRequest,
+    Choice,
+    ChoiceDelta,
+    Chunk,
+    FilePart,
+    ImagePart,
+    Message,
+    Part,
+    Response,
+    TextPart,
+    ToolCall,
+    ToolCallDelta,
+    ToolResult,
+    Usage,
+)
+
+
+def _content(parts: list[Part]) -> str | list[dict[str, Any]]:
+    if all(isinstance(p, TextPart) for p in parts):
+        return "".join(p.text for p in parts if isinstance(p, TextPart))
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if isinstance(part, TextPart):
+            out.append({"type": "text", "text": part.text})
+        elif isinstance(part, ImagePart):
+            image = {"url": part.url, **({"detail": part.detail} if part.detail else {})}
+            out.append({"type": "image_url", "image_url": image})
+        elif isinstance(part, AudioPart):
+            out.append(
+                {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
+            )
+        elif isinstance(part, FilePart):
+            file = {
+                k: v
+                for k, v in (
+                    ("file_id", part.file_id),
+                    ("filename", part.filename),
+                    ("file_data", part.data),
+                )
+                if v
+            }
+            out.append({"type": "file", "file": file})
+    return out
+
+
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "tool":
+            for result in message.parts:
+                if isinstance(result, ToolResult):
+                    out.append(
+                        {
+                            "role": "tool",
+                            "tool_call_id": result.tool_call_id,
+                            "content": result.text(),
+                        }
+                    )
+            continue
+        calls = message.tool_calls()
+        parts = [p for p in message.parts if not isinstance(p, ToolCall)]
+        entry: dict[str, Any] = {
+            "role": message.role,
+            "content": _content(parts) if parts else None,
+        }
+        if message.name:
+            entry["name"] = message.name
+        if calls:
+            entry["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ]
+        out.append(entry)
+    return out
+
+
+def chat_body(request: ChatRequest, model: str | None, stream: bool) -> dict[str, Any]:
+    if request.passthrough is not None:
+        body = dict(request.passthrough)
+    else:
+        body = _built(request)
+    if model is not None:
+        body["model"] = model
+    else:
+        body.pop("model", None)
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    else:
+        body.pop("stream", None)
+        body.pop("stream_options", None)
+    return body
+
+
+def _built(request: ChatRequest) -> dict[str, Any]:
+    s = request.sampling
+    body: dict[str, Any] = {"messages": _messages(request.messages or [])}
+    optional: dict[str, Any] = {
+        "max_completion_tokens": s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "n": s.n if s.n > 1 else None,
+        "seed": s.seed,
+        "stop": s.stop,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "logit_bias": {str(k): v for k, v in s.logit_bias.items()} if s.logit_bias else None,
+        "logprobs": True if s.logprobs else None,
+        "top_logprobs": s.top_logprobs,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "reasoning_effort": request.reasoning_effort,
+        "user": request.user,
+        "metadata": request.metadata,
+        "service_tier": request.service_tier,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    **({"description": t.description} if t.description else {}),
+                    **({"parameters": t.parameters} if t.parameters else {}),
+                    **({"strict": True} if t.strict else {}),
+                },
+            }
+            for t in request.tools
+        ]
+    choice = request.tool_choice
+    if choice is not None:
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}}
+            if choice.mode == "function"
+            else choice.mode
+        )
+    output = request.output
+    if output is not None and output.kind == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    elif output is not None and output.kind == "json_schema":
+        schema = {"name": output.name or "response", "schema": output.schema or {}}
+        if output.strict:
+            schema["strict"] = True
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
+    return body
+
+
+def usage_of(raw: dict[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+    cached = ((raw.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
+    reasoning = ((raw.get("completion_tokens_details") or {}).get("reasoning_tokens")) or 0
+    return Usage(
+        int(raw.get("prompt_tokens") or 0),
+        int(raw.get("completion_tokens") or 0),
+        cached_tokens=int(cached),
+        reasoning_tokens=int(reasoning),
+    )
+
+
+def response_of(body: dict[str, Any]) -> Response:
+    choices = []
+    for position, raw in enumerate(body.get("choices") or ()):
+        message = raw.get("message") or {}
+        parts: list[Part] = [TextPart(message.get("content") or "")]
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            parts.append(
+                ToolCall(
+                    call.get("id", ""), function.get("name", ""), function.get("arguments", "")
+                )
+            )
+        choices.append(
+            Choice(
+                int(raw.get("index", position)),
+                Message("assistant", parts, reasoning=message.get("reasoning_content")),
+                raw.get("finish_reason") or "stop",
+                refusal=message.get("refusal"),
+            )
+        )
+    usage = usage_of(body.get("usage"))
+    return Response(
+        choices, usage=usage, num_tokens=usage.completion_tokens if usage else 0, raw=body
+    )
+
+
+def chunk_of(body: dict[str, Any]) -> Chunk:
+    deltas = []
+    for position, raw in enumerate(body.get("choices") or ()):
+        delta = raw.get("delta") or {}
+        calls = [
+            ToolCallDelta(
+                int(c.get("index", 0)),
+                id=c.get("id"),
+                name=(c.get("function") or {}).get("name"),
+                arguments=(c.get("function") or {}).get("arguments") or "",
+            )
+            for c in delta.get("tool_calls") or ()
+        ]
+        deltas.append(
+            ChoiceDelta(
+                index=int(raw.get("index", position)),
+                text=delta.get("content") or "",
+                reasoning=delta.get("reasoning_content") or "",
+                refusal=delta.get("refusal") or "",
+                tool_calls=calls or None,
+                finish_reason=raw.get("finish_reason"),
+            )
+        )
+    chunk = Chunk(deltas, usage=usage_of(body.get("usage")), raw=body)
+    chunk.num_tokens = 1 if chunk.has_output() else 0
+    return chunk

@@ -1,0 +1,184 @@
+"""The fake provider servers (one per module) and a provider of each kind pointed at them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from botocore.credentials import Credentials
+
+from gateway.providers.anthropic import AnthropicProvider
+from gateway.providers.azure import AzureProvider
+from gateway.providers.bedrock import BedrockProvider
+from gateway.providers.gemini import GeminiProvider
+
+from ..api.servers import ServerThread
+from . import fake_anthropic, fake_bedrock
+from .fake_anthropic import FakeAnthropic
+from .fake_azure import API_KEY as AZURE_KEY
+from .fake_azure import FakeAzure
+from .fake_bedrock import FakeBedrock
+from .fake_gemini import API_KEY as GEMINI_KEY
+from .fake_gemini import FakeGemini
+
+KINDS = ["anthropic", "gemini", "azure", "azure-v1", "bedrock"]
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[dict[str, tuple[Any, str]]]:
+    """Kind -> (fake server app, its base URL)."""
+    apps = {
+        "anthropic": FakeAnthropic(),
+        "gemini": FakeGemini(),
+        "azure": FakeAzure(),
+        "bedrock": FakeBedrock(),
+    }
+    servers = {kind: ServerThread(app).start() for kind, app in apps.items()}
+    yield {kind: (apps[kind], servers[kind].url) for kind in apps}
+    for server in servers.values():
+        server.stop()
+
+
+ProviderFactory = Callable[[str, str], Any]
+
+
+@pytest.fixture
+async def make_provider(
+    fakes: dict[str, tuple[Any, str]],
+) -> AsyncIterator[ProviderFactory]:
+    """``make_provider(kind, model)``: an adapter of that kind aimed at its fake server."""
+    client = httpx.AsyncClient()
+
+    def make(kind: str, model: str, **overrides: Any) -> Any:
+        base = fakes[kind.split("-")[0]][1]
+        name = f"{kind}:{model}"
+        if kind == "anthropic":
+            key = overrides.get("api_key", fake_anthropic.API_KEY)
+            return AnthropicProvider(
+                name=name, model=model, client=client, api_key=key, base_url=base
+            )
+        if kind == "gemini":
+            key = overrides.get("api_key", GEMINI_KEY)
+            return GeminiProvider(name=name, model=model, client=client, api_key=key, base_url=base)
+        if kind in {"azure", "azure-v1"}:
+            key = overrides.get("api_key", AZURE_KEY)
+            deployment = model if kind == "azure" else None
+            return AzureProvider(
+                name=name,
+                endpoint=base,
+                model=model,
+                client=client,
+                api_key=key,
+                deployment=deployment,
+            )
+        secret = overrides.get("secret", fake_bedrock.SECRET_KEY)
+        return BedrockProvider(
+            name=name,
+            model=model,
+            client=client,
+            region=fake_bedrock.REGION,
+            base_url=base,
+            credentials=Credentials(fake_bedrock.ACCESS_KEY, secret),
+        )
+
+    yield make
+    await client.aclose()
+
+
+def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
+    """One public model per (provider kind, fake model): ``{kind}-{model}``, e.g.
+    ``gemini-plain``; plus ``spread-limited``: a rate-limited Anthropic deployment first,
+    then a working Gemini one."""
+
+    def spec(kind: str, model: str) -> dict[str, Any]:
+        base = fakes[kind.split("-")[0]][1]
+        out: dict[str, Any] = {"provider": kind.split("-")[0], "model": model, "base_url": base}
+        if kind == "azure":
+            out |= {"endpoint": base, "deployment": model, "api_version": "2024-10-21"}
+        elif kind == "azure-v1":
+            out |= {"endpoint": base}
+        if kind != "bedrock":
+            out["api_key_env"] = f"TEST_{kind.split('-')[0].upper()}_KEY"
+        else:
+            out["region"] = fake_bedrock.REGION
+        return out
+
+    models = [
+        {"name": f"{kind}-{model}", "deployments": [spec(kind, model)]}
+        for kind in KINDS
+        for model in ("plain", "limited", "bad")
+    ]
+    models.append(
+        {
+            "name": "spread-limited",
+            "deployments": [
+                {**spec("anthropic", "limited"), "weight": 1000},
+                {**spec("gemini", "plain"), "weight": 0.001},
+            ],
+        }
+    )
+    return {"models": models}
+
+
+@pytest.fixture(scope="module")
+def hosted_gateway(
+    fakes: dict[str, tuple[Any, str]],
+    admin_database_url: str,
+    redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[str, str]]:
+    """A gateway (real PostgreSQL and Redis) in front of the fake providers: (URL, a key)."""
+    import os
+    import uuid
+    from pathlib import Path
+
+    import redis
+    import yaml
+
+    from gateway.app import create_app
+    from gateway.db.scratch import scratch_database
+    from gateway.settings import Settings
+
+    keys = {
+        "TEST_ANTHROPIC_KEY": fake_anthropic.API_KEY,
+        "TEST_GEMINI_KEY": GEMINI_KEY,
+        "TEST_AZURE_KEY": AZURE_KEY,
+        "AWS_ACCESS_KEY_ID": fake_bedrock.ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": fake_bedrock.SECRET_KEY,
+    }
+    saved = {name: os.environ.get(name) for name in keys}
+    os.environ.update(keys)
+    config = Path(tmp_path_factory.mktemp("hosted")) / "models.yaml"
+    config.write_text(yaml.safe_dump(hosted_routing(fakes)))
+    unique = uuid.uuid4().hex[:10]
+    with scratch_database(admin_database_url, prefix="sg_hosted") as database_url:
+        settings = Settings.from_env(
+            database_url=database_url,
+            redis_url=redis_url,
+            master_key=f"sg-master-{unique}",
+            config=str(config),
+            usage_stream=f"sg:usage:hosted:{unique}",
+            run_usage_flusher=False,
+            cooldown_failures=100,
+        )
+        server = ServerThread(create_app(settings)).start()
+        response = httpx.post(
+            f"{server.url}/admin/keys",
+            json={"name": "hosted-test"},
+            headers={"authorization": f"Bearer {settings.master_key}"},
+        )
+        assert response.status_code == 201, response.text
+        try:
+            yield server.url, str(response.json()["key"])
+        finally:
+            server.stop()
+            client = redis.Redis.from_url(redis_url)
+            client.delete(settings.usage_stream)
+            client.close()
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value

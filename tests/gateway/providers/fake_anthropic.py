@@ -1,0 +1,138 @@
+"""A fake Anthropic Messages API (``POST /v1/messages``), streamed and not, per its docs.
+
+Requires ``x-api-key: ant-test-key`` and an ``anthropic-version`` header. Answers by the
+shared fake model (fake_common.py); a ``thinking`` request gets a thinking block first; usage
+reports 2 cache-read and 1 cache-write tokens besides ``input_tokens``. Errors use Anthropic's
+``{"type": "error", "error": {...}}`` shape: ``limited`` 429 rate_limit_error, ``down`` 529
+overloaded_error, ``bad`` 400 invalid_request_error.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .fake_common import (
+    TOOL_ARGUMENTS,
+    FakeServer,
+    count_words,
+    plan,
+    send_bytes,
+    send_json,
+    sse,
+    start_stream,
+)
+
+API_KEY = "ant-test-key"
+_ERRORS = {
+    "limited": (429, "rate_limit_error", "Number of request tokens has exceeded your limit."),
+    "down": (529, "overloaded_error", "Overloaded"),
+    "bad": (400, "invalid_request_error", "messages: roles must alternate"),
+}
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class FakeAnthropic(FakeServer):
+    async def handle(
+        self, scope: dict[str, Any], headers: dict[str, str], raw: bytes, body: Any, send: Any
+    ) -> None:
+        if scope["path"] != "/v1/messages":
+            return await send_json(send, 404, _error("not_found_error", "Not found"))
+        if headers.get("x-api-key") != API_KEY:
+            return await send_json(send, 401, _error("authentication_error", "invalid x-api-key"))
+        if not headers.get("anthropic-version"):
+            return await send_json(
+                send, 400, _error("invalid_request_error", "anthropic-version header is required")
+            )
+        model = body["model"]
+        self.calls[model] += 1
+        if model in _ERRORS:
+            status, kind, message = _ERRORS[model]
+            extra = {"retry-after": "0"} if status == 429 else {}
+            return await send_json(send, status, _error(kind, message), extra)
+        tools = [t["name"] for t in body.get("tools") or ()]
+        choice = body.get("tool_choice") or {}
+        forced = {"any": "", "tool": choice.get("name")}.get(choice.get("type", "auto"))
+        last_user = next(
+            (json.dumps(m["content"]) for m in reversed(body["messages"]) if m["role"] == "user"),
+            "",
+        )
+        answer = plan(body["max_tokens"], tools, forced, last_user, body.get("stop_sequences"))
+        blocks: list[dict[str, Any]] = []
+        if (body.get("thinking") or {}).get("type") in {"enabled", "adaptive"}:
+            blocks.append({"type": "thinking", "thinking": "let me think", "signature": "sig"})
+        if answer.tool:
+            call = {
+                "type": "tool_use",
+                "id": "toolu_01",
+                "name": answer.tool,
+                "input": TOOL_ARGUMENTS,
+            }
+            blocks.append(call)
+            stop_reason = "tool_use"
+        else:
+            blocks.append({"type": "text", "text": "".join(answer.words)})
+            stop_reason = "max_tokens" if answer.length_cut else "end_turn"
+        if answer.stopped_by:
+            stop_reason = "stop_sequence"
+        output_tokens = len(answer.words) or 7
+        usage = {
+            "input_tokens": count_words(body.get("messages")) + count_words(body.get("system")),
+            "output_tokens": output_tokens,
+            "cache_read_input_tokens": 2,
+            "cache_creation_input_tokens": 1,
+        }
+        message = {
+            "id": "msg_fake01",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": blocks,
+            "stop_reason": stop_reason,
+            "stop_sequence": answer.stopped_by,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            return await send_json(send, 200, message)
+        await start_stream(send)
+        start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+        start["usage"] = {**usage, "output_tokens": 1}
+        await send_bytes(send, sse({"type": "message_start", "message": start}, "message_start"))
+        await send_bytes(send, sse({"type": "ping"}, "ping"))
+        for index, block in enumerate(blocks):
+            for event in _block_events(index, block):
+                await send_bytes(send, sse(event, event["type"]))
+        delta = {"stop_reason": stop_reason, "stop_sequence": answer.stopped_by}
+        end = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}}
+        await send_bytes(send, sse(end, "message_delta"))
+        await send_bytes(send, sse({"type": "message_stop"}, "message_stop"), more=False)
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    kind = block["type"]
+    events: list[dict[str, Any]] = []
+    if kind == "text":
+        events.append({"index": index, "content_block": {"type": "text", "text": ""}})
+        for word in block["text"].split(" "):
+            if word:
+                delta = {"type": "text_delta", "text": word + " "}
+                events.append({"type": "content_block_delta", "index": index, "delta": delta})
+    elif kind == "thinking":
+        events.append({"index": index, "content_block": {"type": "thinking", "thinking": ""}})
+        delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+        events.append({"type": "content_block_delta", "index": index, "delta": delta})
+        signature = {"type": "signature_delta", "signature": block["signature"]}
+        events.append({"type": "content_block_delta", "index": index, "delta": signature})
+    else:
+        head = {**block, "input": {}}
+        events.append({"index": index, "content_block": head})
+        text = json.dumps(block["input"])
+        for piece in (text[: len(text) // 2], text[len(text) // 2 :]):
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            events.append({"type": "content_block_delta", "index": index, "delta": delta})
+    events[0]["type"] = "content_block_start"
+    events.append({"type": "content_block_stop", "index": index})
+    return events

@@ -1,0 +1,127 @@
+"""A fake Google AI Gemini API: ``models/{m}:generateContent`` and
+``:streamGenerateContent?alt=sse``, per its docs.
+
+Requires ``x-goog-api-key: gem-test-key``. Answers by the shared fake model (fake_common.py),
+``candidateCount`` candidates of it; ``thinkingConfig.includeThoughts`` adds a thought part.
+Errors use Google's ``{"error": {"code", "message", "status"}}``: ``limited`` 429
+RESOURCE_EXHAUSTED, ``down`` 503 UNAVAILABLE, ``bad`` 400 INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .fake_common import (
+    TOOL_ARGUMENTS,
+    FakeServer,
+    count_words,
+    plan,
+    send_bytes,
+    send_json,
+    sse,
+    start_stream,
+)
+
+API_KEY = "gem-test-key"
+_ERRORS = {
+    "limited": (429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
+    "down": (503, "UNAVAILABLE", "The model is overloaded. Please try again later."),
+    "bad": (400, "INVALID_ARGUMENT", "Request contains an invalid argument."),
+}
+
+
+def _error(code: int, status: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "status": status}}
+
+
+class FakeGemini(FakeServer):
+    async def handle(
+        self, scope: dict[str, Any], headers: dict[str, str], raw: bytes, body: Any, send: Any
+    ) -> None:
+        path: str = scope["path"]
+        prefix = "/v1beta/models/"
+        if not path.startswith(prefix) or ":" not in path:
+            return await send_json(send, 404, _error(404, "NOT_FOUND", "not found"))
+        model, method = path[len(prefix) :].rsplit(":", 1)
+        if headers.get("x-goog-api-key") != API_KEY:
+            return await send_json(
+                send, 403, _error(403, "PERMISSION_DENIED", "Permission denied: bad API key")
+            )
+        self.calls[model] += 1
+        if model in _ERRORS:
+            code, status, message = _ERRORS[model]
+            extra = {"retry-after": "0"} if code == 429 else {}
+            return await send_json(send, code, _error(code, status, message), extra)
+        config = body.get("generationConfig") or {}
+        tools = [d["name"] for t in body.get("tools") or () for d in t["functionDeclarations"]]
+        calling = (body.get("toolConfig") or {}).get("functionCallingConfig") or {}
+        forced = None
+        if calling.get("mode") == "ANY":
+            forced = (calling.get("allowedFunctionNames") or [""])[0]
+        users = [c for c in body["contents"] if c["role"] == "user"]
+        last_user = json.dumps(users[-1]["parts"]) if users else ""
+        answer = plan(
+            config.get("maxOutputTokens"), tools, forced, last_user, config.get("stopSequences")
+        )
+        thought = bool((config.get("thinkingConfig") or {}).get("includeThoughts"))
+        usage = {
+            "promptTokenCount": count_words(body["contents"])
+            + count_words(body.get("systemInstruction")),
+            "candidatesTokenCount": len(answer.words) or 7,
+        }
+        usage["totalTokenCount"] = usage["promptTokenCount"] + usage["candidatesTokenCount"]
+        finish = "MAX_TOKENS" if answer.length_cut else "STOP"
+        candidates = range(int(config.get("candidateCount", 1)))
+        if method == "generateContent":
+            parts: list[dict[str, Any]] = (
+                [{"text": "let me think", "thought": True}] if thought else []
+            )
+            if answer.tool:
+                parts.append({"functionCall": {"name": answer.tool, "args": TOOL_ARGUMENTS}})
+            else:
+                parts.append({"text": "".join(answer.words)})
+            reply = {
+                "candidates": [
+                    {
+                        "content": {"role": "model", "parts": parts},
+                        "finishReason": finish,
+                        "index": i,
+                    }
+                    for i in candidates
+                ],
+                "usageMetadata": usage,
+                "modelVersion": model,
+            }
+            return await send_json(send, 200, reply)
+        if method != "streamGenerateContent" or b"alt=sse" not in scope["query_string"]:
+            return await send_json(send, 404, _error(404, "NOT_FOUND", "not found"))
+        await start_stream(send)
+        pieces: list[dict[str, Any]] = (
+            [{"text": "let me think", "thought": True}] if thought else []
+        )
+        if answer.tool:
+            pieces.append({"functionCall": {"name": answer.tool, "args": TOOL_ARGUMENTS}})
+        else:
+            pieces += [{"text": word} for word in answer.words]
+        for piece in pieces:
+            event = {
+                "candidates": [
+                    {"content": {"role": "model", "parts": [piece]}, "index": i} for i in candidates
+                ],
+                "modelVersion": model,
+            }
+            await send_bytes(send, sse(event))
+        last = {
+            "candidates": [
+                {
+                    "content": {"role": "model", "parts": [{"text": ""}]},
+                    "finishReason": finish,
+                    "index": i,
+                }
+                for i in candidates
+            ],
+            "usageMetadata": usage,
+            "modelVersion": model,
+        }
+        await send_bytes(send, sse(last), more=False)
