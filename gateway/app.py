@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from engine.redis_client import async_client, pubsub_client
 from gateway.api.admin import ADMIN_CONTROLLERS
 from gateway.api.admin.guards import admin_guard, master_guard
+from gateway.api.anthropic_messages import MessagesController
 from gateway.api.health import HealthController
 from gateway.api.key_info import KeyInfoController
 from gateway.api.openai_chat import ChatCompletionsController
@@ -150,6 +151,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=[
             ChatCompletionsController,
+            MessagesController,
             CompletionsController,
             EmbeddingsController,
             ModelsController,

@@ -380,10 +380,12 @@ async def provide_api_key(request: ASGIConnection[Any, Any, Any, Any]) -> ApiKey
 
     Reads the KeyCache from ``app.state.key_cache``.
     """
-    token = bearer_token(request.headers.get("authorization"))
-    if token is None:
+    # Anthropic's clients send the key as x-api-key; OpenAI's as a bearer token.
+    token = bearer_token(request.headers.get("authorization")) or request.headers.get("x-api-key")
+    if not token:
         raise AuthenticationFailed(
-            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...'."
+            "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...' "
+            "(or 'x-api-key: sk-...')."
         )
     cache: KeyCache = request.app.state.key_cache
     return await cache.lookup(token, client_address(request))

@@ -1,0 +1,114 @@
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API in.
+
+The controller translates Anthropic's body into the canonical request (translate/
+anthropic_in.py), runs the shared lifecycle (``gateway.call``: keys, limits, routing, usage,
+traces) and renders the canonical answer as Anthropic's message or stream of events.
+Authentication takes ``x-api-key`` or ``Authorization: Bearer``; ``anthropic-version`` and
+``anthropic-beta`` headers are accepted (the wire format here is the current version's).
+Errors come in Anthropic's shape via the controller's own exception handlers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, post
+from litestar.params import JSONBody
+
+from gateway.api.anthropic_errors import ANTHROPIC_EXCEPTION_HANDLERS, anthropic_error
+from gateway.call import Call, admit, authenticate
+from gateway.canonical import Chunk
+from gateway.canonical import Response as Answer
+from gateway.errors import OpenAIError
+from gateway.translate.anthropic_in import CountTokensRequest, MessagesRequest, canonical
+from gateway.translate.anthropic_reply import StreamWriter, event, message_body
+
+_encode = msgspec.json.Encoder().encode
+
+
+class MessagesRenderer:
+    """Canonical answers as Anthropic messages; one per request (a stream has state)."""
+
+    def __init__(self) -> None:
+        self._writer = StreamWriter()
+
+    def whole(self, call: Call, answer: Answer) -> bytes:
+        assert call.usage is not None
+        body = message_body(
+            call.response_id, call.public_model, answer, call.usage, call.finish_reason
+        )
+        return _encode(body)
+
+    def opening(self, call: Call) -> bytes:
+        prompt = call.prompt_tokens or call.prompt_estimate
+        return self._writer.start(call.response_id, call.public_model, prompt)
+
+    def chunk(self, call: Call, chunk: Chunk) -> bytes:
+        return self._writer.chunk(chunk)
+
+    def closing(self, call: Call) -> bytes:
+        return self._writer.end(call.finish_reason, call.billed())
+
+    def error(self, call: Call, error: OpenAIError) -> bytes:
+        _, body = anthropic_error(error)
+        return event("error", body)
+
+
+class MessagesController(Controller):
+    path = "/v1/messages"
+    guards = (authenticate,)
+    tags = ("anthropic",)
+    exception_handlers = ANTHROPIC_EXCEPTION_HANDLERS
+
+    @post("/", status_code=200, summary="Create a message (Anthropic Messages API)")
+    async def create(
+        self, request: Request[Any, Any, Any], data: JSONBody[MessagesRequest]
+    ) -> Response[Any]:
+        body = canonical(data)
+        call = await admit(request, body, operation="chat", id_prefix="msg_")
+        renderer = MessagesRenderer()
+        response = await (call.stream(renderer) if body.stream else call.complete(renderer))
+        return response
+
+    @post("/count_tokens", status_code=200, summary="Count a message's input tokens")
+    async def count_tokens(
+        self, request: Request[Any, Any, Any], data: JSONBody[CountTokensRequest]
+    ) -> Response[Any]:
+        body = canonical(data)
+        count = await count_prompt_tokens(request, body)
+        return Response(_encode({"input_tokens": count}), media_type="application/json")
+
+
+class _PromptCounter:
+    """Keeps the prompt's token count of a one-token generation; renders nothing."""
+
+    prompt_tokens = 0
+
+    def whole(self, call: Call, answer: Answer) -> bytes:
+        self.prompt_tokens = call.usage.prompt_tokens if call.usage else 0
+        return b"{}"
+
+    def opening(self, call: Call) -> bytes:
+        return b""
+
+    def chunk(self, call: Call, chunk: Chunk) -> bytes:
+        return b""
+
+    def closing(self, call: Call) -> bytes:
+        return b""
+
+    def error(self, call: Call, error: OpenAIError) -> bytes:
+        return b""
+
+
+async def count_prompt_tokens(request: Request[Any, Any, Any], body: Any) -> int:
+    """The prompt's tokens as the serving deployment counts them (its own chat template and
+    tokenizer): a one-token generation through the usual lifecycle, so keys, limits and usage
+    apply, and the count is the backend's, not an estimate."""
+    body.sampling.max_tokens = 1
+    body.output = None
+    call = await admit(request, body, operation="count_tokens", id_prefix="msg_")
+    counter = _PromptCounter()
+    await call.complete(counter)
+    return counter.prompt_tokens

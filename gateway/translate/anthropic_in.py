@@ -1,0 +1,268 @@
+"""Anthropic's Messages API requests in: the wire shapes, and their canonical translation.
+
+Unknown fields are refused (msgspec names them; the controller answers a 400 naming the
+field), so nothing a client sends is dropped unnoticed. ``cache_control`` is accepted wherever
+Anthropic allows it: automatic prefix caching already reuses any repeated prefix, so the hint
+changes nothing here. A user turn's ``tool_result`` blocks become a canonical ``tool`` turn,
+placed before the rest of that user turn, as the Messages API puts results first.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import msgspec
+
+from gateway.canonical import (
+    ChatRequest,
+    ImagePart,
+    Message,
+    OutputFormat,
+    Part,
+    ReasoningEffort,
+    Sampling,
+    TextPart,
+    Thinking,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolResult,
+)
+
+
+class _Wire(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    pass
+
+
+class CacheControl(_Wire):
+    type: Literal["ephemeral"] = "ephemeral"
+    ttl: str | None = None
+
+
+class TextBlock(_Wire, tag="text", tag_field="type"):
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None
+
+
+class Base64Source(_Wire, tag="base64", tag_field="type"):
+    media_type: str
+    data: str
+
+
+class UrlSource(_Wire, tag="url", tag_field="type"):
+    url: str
+
+
+class ImageBlock(_Wire, tag="image", tag_field="type"):
+    source: Base64Source | UrlSource
+    cache_control: CacheControl | None = None
+
+    def part(self) -> ImagePart:
+        source = self.source
+        if isinstance(source, Base64Source):
+            return ImagePart(f"data:{source.media_type};base64,{source.data}")
+        return ImagePart(source.url)
+
+
+class DirectCaller(_Wire, tag="direct", tag_field="type"):
+    """The model itself called the tool (the only caller outside Anthropic's server tools)."""
+
+
+class ToolUseBlock(_Wire, tag="tool_use", tag_field="type"):
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+    caller: DirectCaller | None = None
+    toolset_name: None = None
+
+
+class ToolResultBlock(_Wire, tag="tool_result", tag_field="type"):
+    tool_use_id: str
+    content: str | list[TextBlock | ImageBlock] | None = None
+    is_error: bool = False
+    cache_control: CacheControl | None = None
+    toolset_name: None = None
+
+    def result(self) -> ToolResult:
+        if self.content is None:
+            parts: list[TextPart | ImagePart] = []
+        elif isinstance(self.content, str):
+            parts = [TextPart(self.content)]
+        else:
+            parts = [
+                b.part() if isinstance(b, ImageBlock) else TextPart(b.text) for b in self.content
+            ]
+        return ToolResult(self.tool_use_id, parts, self.is_error)
+
+
+class ThinkingBlock(_Wire, tag="thinking", tag_field="type"):
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(_Wire, tag="redacted_thinking", tag_field="type"):
+    data: str
+
+
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
+
+
+class MessageParam(_Wire):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class ToolParam(_Wire):
+    name: str
+    input_schema: dict[str, Any]
+    description: str | None = None
+    type: Literal["custom"] | None = None
+    strict: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+class ToolChoiceParam(_Wire):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class ThinkingParam(_Wire):
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: int | None = None
+    display: Literal["summarized", "omitted"] | None = None
+
+
+class JsonOutputFormat(_Wire):
+    type: Literal["json_schema"]
+    schema: dict[str, Any]
+
+
+class OutputConfig(_Wire):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
+
+
+class MetadataParam(_Wire):
+    user_id: str | None = None
+
+
+class _Prompt(_Wire):
+    model: str
+    messages: list[MessageParam]
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    thinking: ThinkingParam | None = None
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = None
+
+
+class CountTokensRequest(_Prompt):
+    pass
+
+
+class MessagesRequest(_Prompt, kw_only=True):
+    max_tokens: int
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: MetadataParam | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+
+
+_EFFORT: dict[str, ReasoningEffort] = {
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+    "max": "high",
+}
+
+
+def _messages(body: _Prompt) -> list[Message]:
+    out: list[Message] = []
+    if body.system:
+        system = (
+            body.system if isinstance(body.system, str) else "".join(b.text for b in body.system)
+        )
+        out.append(Message("system", [TextPart(system)]))
+    for param in body.messages:
+        if isinstance(param.content, str):
+            out.append(Message(param.role, [TextPart(param.content)]))
+            continue
+        results: list[Part] = []
+        parts: list[Part] = []
+        reasoning: list[str] = []
+        for block in param.content:
+            if isinstance(block, TextBlock):
+                parts.append(TextPart(block.text))
+            elif isinstance(block, ImageBlock):
+                parts.append(block.part())
+            elif isinstance(block, ToolUseBlock):
+                arguments = json.dumps(block.input, separators=(",", ":"))
+                parts.append(ToolCall(block.id, block.name, arguments))
+            elif isinstance(block, ToolResultBlock):
+                results.append(block.result())
+            elif isinstance(block, ThinkingBlock):
+                reasoning.append(block.thinking)
+            # A redacted_thinking block is encrypted for Anthropic's own models: there is no
+            # text in it for any other backend to read.
+        if results:
+            out.append(Message("tool", results))
+        if parts or reasoning or not results:
+            out.append(Message(param.role, parts, reasoning="".join(reasoning) or None))
+    return out
+
+
+def _tools(body: _Prompt) -> tuple[list[Tool] | None, ToolChoice | None, bool | None]:
+    tools = None
+    if body.tools:
+        tools = [Tool(t.name, t.description, t.input_schema, bool(t.strict)) for t in body.tools]
+    choice = body.tool_choice
+    if choice is None:
+        return tools, None, None
+    mode = {"auto": "auto", "any": "required", "tool": "function", "none": "none"}[choice.type]
+    parallel = False if choice.disable_parallel_tool_use else None
+    return tools, ToolChoice(mode, choice.name), parallel  # type: ignore[arg-type]
+
+
+def canonical(body: _Prompt) -> ChatRequest:
+    """``body`` as a canonical request (a count_tokens body: with no output limit)."""
+    tools, tool_choice, parallel = _tools(body)
+    request = ChatRequest(
+        model=body.model,
+        messages=_messages(body),
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+    )
+    config = body.output_config
+    if config is not None and config.format is not None:
+        request.output = OutputFormat("json_schema", schema=config.format.schema, strict=True)
+    if config is not None and config.effort is not None:
+        request.reasoning_effort = _EFFORT[config.effort]
+    if body.thinking is not None:
+        request.thinking = Thinking(body.thinking.type, body.thinking.budget_tokens)
+    if isinstance(body, MessagesRequest):
+        request.sampling = Sampling(
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=body.top_k,
+            stop=body.stop_sequences,
+        )
+        request.stream = body.stream
+        request.include_usage = body.stream
+        request.user = body.metadata.user_id if body.metadata else None
+        # "auto" is what every backend does anyway; only "standard_only" asks for something.
+        if body.service_tier == "standard_only":
+            request.service_tier = body.service_tier
+    return request
