@@ -15,6 +15,11 @@ own cost stays small and equal for both paths).
 Last line: JSON with ``median_added_ms``, ``p99_added_ms``, ``rps``, ``errors`` (and more).
 Targets on a 2-core machine: median added <= 1.5 ms, >= 1,000 requests/s.
 
+``--peers`` also runs LiteLLM's proxy and Portkey's gateway (see gateway_peers.py) on the same
+upstream in the same run, measured the same way one after the other, and reports each one's
+added latency and req/s beside ours under ``peers`` (the target: at least 2x Portkey's req/s
+at no more than half its added latency).
+
 Environment: ``SLUICEGATE_DATABASE_URL`` (a database the bench may create databases on;
 default the local ``test`` database) and ``SLUICEGATE_REDIS_URL``.
 """
@@ -36,7 +41,9 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import gateway_peers
 import httpx
 import yaml
 
@@ -304,6 +311,12 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput run")
     parser.add_argument("--workers", type=int, default=1, help="gateway processes")
+    parser.add_argument("--peers", action="store_true", help="also run LiteLLM and Portkey")
+    parser.add_argument("--litellm", default="/work/venvs/litellm/bin/litellm")
+    parser.add_argument(
+        "--portkey",
+        default="/work/venvs/portkey/node_modules/@portkey-ai/gateway/build/start-server.js",
+    )
     parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
@@ -360,10 +373,18 @@ def main() -> int:
                 time.sleep(0.05)
             if upstream.poll() is not None:
                 raise RuntimeError("upstream exited")
-            result = asyncio.run(measure(args, upstream_port, gateway_port, api_key, gateway.pid))
+            gateway_request = build_request(gateway_port, "/v1/chat/completions", api_key)
+            result = asyncio.run(
+                measure(
+                    "sluicegate", args, upstream_port, (gateway_port, gateway_request), gateway.pid
+                )
+            )
             result["usage_records"] = asyncio.run(
                 _count_usage(database_url, redis_url, usage_stream, result["gateway_requests"])
             )
+            if args.peers:
+                result["peers"] = run_peers(args, upstream_port)
+                result |= gateway_peers.verdict(result, result["peers"].get("portkey"))
     print(json.dumps(result))
     return 0
 
@@ -390,11 +411,38 @@ async def _count_usage(database_url: str, redis_url: str, stream: str, expected:
     return int(rows)
 
 
+def run_peers(args: argparse.Namespace, upstream_port: int) -> dict[str, dict[str, Any]]:
+    """Each peer gateway in turn on the same upstream, measured like ours."""
+    peers: dict[str, dict[str, Any]] = {}
+    starters = {"litellm": (gateway_peers.litellm, args.litellm)}
+    starters["portkey"] = (gateway_peers.portkey, args.portkey)
+    for name, (starter, path) in starters.items():
+        port = free_port()
+        with starter(path, port, upstream_port, MODEL, REQUEST_BODY, process) as (proc, raw, ready):
+            wait_ready(ready, proc, timeout_s=180)
+            result = asyncio.run(measure(name, args, upstream_port, (port, raw), proc.pid))
+        peers[name] = {
+            k: result[k]
+            for k in (
+                "median_added_ms",
+                "p99_added_ms",
+                "rps",
+                "errors",
+                "gateway_cpu_ms_per_request",
+            )
+        }
+    return peers
+
+
 async def measure(
-    args: argparse.Namespace, upstream_port: int, gateway_port: int, api_key: str, pid: int
+    name: str,
+    args: argparse.Namespace,
+    upstream_port: int,
+    gateway: tuple[int, bytes],
+    pid: int,
 ) -> dict[str, float | int]:
+    gateway_port = gateway[0]
     direct = (upstream_port, build_request(upstream_port, "/v1/chat/completions", None))
-    gateway = (gateway_port, build_request(gateway_port, "/v1/chat/completions", api_key))
     # Warm up: the key cache, connection pools, scripts.
     await latency_rounds(direct, gateway, 200)
     _, _, warm = await throughput(gateway_port, gateway[1], args.clients, 1.0)
@@ -404,7 +452,7 @@ async def measure(
     median_direct, median_gateway = statistics.median(direct_ms), statistics.median(gateway_ms)
     p99_direct, p99_gateway = percentile(direct_ms, 0.99), percentile(gateway_ms, 0.99)
     print(
-        f"sequential, {args.rounds} rounds: direct median {median_direct:.3f} ms "
+        f"{name}: sequential, {args.rounds} rounds: direct median {median_direct:.3f} ms "
         f"p99 {p99_direct:.3f} ms | gateway median {median_gateway:.3f} ms "
         f"p99 {p99_gateway:.3f} ms | added median {median_gateway - median_direct:.3f} ms "
         f"(paired {statistics.median(paired):.3f} ms) p99 {p99_gateway - p99_direct:.3f} ms"
@@ -418,7 +466,7 @@ async def measure(
     )
     cpu_ms_per_request = (cpu_seconds(pid) - cpu_before) * 1000 / (gateway_rps * args.seconds)
     print(
-        f"{args.clients} concurrent clients, {args.seconds:.0f} s each: direct {direct_rps:,.0f} "
+        f"{name}: {args.clients} concurrent clients, {args.seconds:.0f} s each: direct {direct_rps:,.0f} "
         f"req/s, gateway {gateway_rps:,.0f} req/s ({gateway_rps / direct_rps:.2f}x), "
         f"gateway errors {gateway_errors}; gateway CPU {cpu_ms_per_request:.3f} ms/request"
     )
