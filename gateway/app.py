@@ -30,6 +30,7 @@ from gateway.api.openai_chat import ChatCompletionsController
 from gateway.api.openai_completions import CompletionsController
 from gateway.api.openai_embeddings import EmbeddingsController
 from gateway.api.openai_models import ModelsController
+from gateway.api.openai_responses import ResponsesController
 from gateway.auth import KeyCache
 from gateway.body import check_body
 from gateway.db.session import create_engine, create_sessionmaker
@@ -152,6 +153,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[
             ChatCompletionsController,
             MessagesController,
+            ResponsesController,
             CompletionsController,
             EmbeddingsController,
             ModelsController,
