@@ -59,6 +59,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 JSON = "application/json"
+DEPLOYMENT_HEADER = "x-sluicegate-deployment"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 TEXT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for text completions."""
@@ -319,7 +320,7 @@ class Call:
         ADDED_LATENCY.observe(
             (self.generation_started - self.started) + (time.perf_counter() - generated)
         )
-        return Response(content, status_code=200, media_type=JSON, headers=self.admission.headers)
+        return Response(content, status_code=200, media_type=JSON, headers=self._headers())
 
     async def complete(self, renderer: Renderer) -> Response[bytes]:
         answer = await self._answer(self.services.router.complete(self.route, self.request))
@@ -384,9 +385,15 @@ class Call:
         return Stream(
             events,
             media_type="text/event-stream",
-            headers={**SSE_HEADERS, **self.admission.headers},
+            headers={**SSE_HEADERS, **self._headers()},
             background=BackgroundTask(close),
         )
+
+    def _headers(self) -> dict[str, str]:
+        """The limit headers, and the deployment that served (names, never addresses)."""
+        if self.deployment is None:
+            return self.admission.headers
+        return {**self.admission.headers, DEPLOYMENT_HEADER: self.deployment.name}
 
     async def _events(
         self, renderer: Renderer, chunks: AsyncIterator[Chunk], first: Chunk

@@ -1,43 +1,29 @@
-"""Public model names -> deployments: selection, fallback and cooldowns.
+"""Public model names -> deployments: selection, and the one fallback loop.
 
-The YAML file named by ``SLUICEGATE_CONFIG`` lists models, their aliases and deployments::
+Routes come from the routing YAML (routing_config.py) or, without one, from the engine workers'
+heartbeats (routing_discovery.py). Selection is weighted least-outstanding: the deployment
+with the fewest requests in flight per unit of weight first (ties broken at random); a model
+with ``spill_over`` keeps its listed order instead, and moves an engine deployment behind the
+others while its workers say a new request would queue longer than ``max_queue_ms``.
 
-    models:
-      - name: llama-3.1-8b
-        aliases: [llama3]
-        deployments:
-          - provider: engine          # engine workers over Redis Streams
-            model: llama-3.1-8b
-          - provider: openai          # any OpenAI-compatible HTTP upstream
-            base_url: http://127.0.0.1:9000/v1
-            api_key_env: UPSTREAM_API_KEY
-            model: gpt-4o-mini
-            weight: 1
-      - name: text-embedding-3-small
-        deployments:
-          - provider: openai
-            mode: embeddings          # serves POST /v1/embeddings (default: chat)
-            base_url: https://api.openai.com/v1
-            api_key_env: OPENAI_API_KEY
-            model: text-embedding-3-small
-
-Without a file, the models are those of live engine workers (the model registry their
-heartbeats stamp), so a single-machine ``sluicegate up`` needs no configuration.
-
-Selection is weighted least-outstanding: the deployment with the fewest requests in flight per
-unit of weight first (ties broken at random), the others as fallbacks. A connect error,
-timeout or 5xx before the first token moves on to the next; ``cooldown_failures`` failures in
-a row take a deployment out for ``cooldown_s`` — even the only one, so a dead upstream gets a
-fast 503 instead of every client waiting for its timeout. Cooldown state is per replica.
+``Router.serve`` is the one loop every request goes through, whole or streamed, until the
+first token: a 429, 5xx or connect error retries the same deployment after a backoff (its
+``retry-after`` when it sent one, unless longer than ``max_retry_after_s``), then moves to
+the model's next deployment, then to the models named in ``fallbacks``; a prompt too long for
+a deployment (its ``context_window``, or a context-length error) moves to the models in
+``context_window_fallbacks``. ``cooldown_failures`` failures in a row take a deployment out
+for ``cooldown_s`` (per replica), so a dead upstream gets a fast 503 instead of every client
+waiting for its timeout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,51 +31,41 @@ import httpx
 import yaml
 from redis.asyncio import Redis
 
-from engine.protocol import MODEL_REGISTRY
 from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder, Usage
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import Provider, ProviderError
 from gateway.providers.openai import CONNECT_TIMEOUT_S, OpenAIProvider
-from gateway.routing_config import HOSTED_KINDS, ConfigError, api_key, hosted_provider
+from gateway.routing_config import (
+    HOSTED_KINDS,
+    ConfigError,
+    Deployment,
+    ModelRoute,
+    api_key,
+    hosted_provider,
+    route_options,
+)
+from gateway.routing_discovery import Discovery
 from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
 
+__all__ = ["ConfigError", "Deployment", "Generation", "ModelRoute", "Router"]
+
 T = TypeVar("T")
-
-DISCOVERY_REFRESH_S = 1.0
-DISCOVERY_WINDOW_S = 3600.0
-"""A model whose workers last beat longer ago than this is not added (one added stays)."""
+_PROMPT_CHARS_PER_TOKEN = 3
 
 
-@dataclass(eq=False)
-class Deployment:
-    provider: Provider
-    kind: str
-    model: str
-    weight: float = 1.0
-    mode: str = "chat"
-    """What it serves: ``chat`` (chat and text completions) or ``embeddings``."""
-    outstanding: int = 0
-    failures: int = 0
-    cooldown_until: float = 0.0
-
-    @property
-    def name(self) -> str:
-        return self.provider.name
-
-    def cooling(self, now: float) -> bool:
-        return now < self.cooldown_until
-
-
-@dataclass(eq=False)
-class ModelRoute:
-    name: str
-    aliases: list[str] = field(default_factory=list)
-    deployments: list[Deployment] = field(default_factory=list)
+def prompt_estimate(request: ChatRequest) -> int:
+    """A prompt's tokens as admission guesses them (chars / 3), for context-window checks."""
+    if request.messages is not None:
+        return math.ceil(sum(len(m.text()) for m in request.messages) / _PROMPT_CHARS_PER_TOKEN)
+    prompt = request.prompt
+    if isinstance(prompt, list):
+        return len(prompt)
+    return math.ceil(len(prompt or "") / _PROMPT_CHARS_PER_TOKEN)
 
 
 class Generation:
-    """One request's stream with fallback; ``deployment`` names who is serving it."""
+    """One request's stream through ``Router.serve``; ``deployment`` names who serves it."""
 
     def __init__(self, router: Router, route: ModelRoute, request: ChatRequest) -> None:
         self._router = router
@@ -104,38 +80,37 @@ class Generation:
     async def aclose(self) -> None:
         await self._iterator.aclose()
 
+    async def _start(self, deployment: Deployment) -> tuple[AsyncIterator[Chunk], Chunk]:
+        self.deployment = deployment
+        chunks = aiter(deployment.provider.generate(self._request))
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise ProviderError(
+                f"{deployment.name} ended without an answer", retryable=True
+            ) from None
+        except BaseException:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise
+        return chunks, first
+
     async def _run(self) -> AsyncIterator[Chunk]:
-        last_error: ProviderError | None = None
-        for deployment in await self._router.candidates(self._route, self._request):
-            self.deployment = deployment
-            deployment.outstanding += 1
-            chunks = deployment.provider.generate(self._request)
-            try:
-                try:
-                    first = await anext(aiter(chunks))
-                except ProviderError as exc:
-                    if not exc.retryable:
-                        raise
-                    self._router.failed(deployment)
-                    last_error = exc
-                    continue
-                except StopAsyncIteration:
-                    self._router.failed(deployment)
-                    last_error = ProviderError(f"{deployment.name} ended without an answer")
-                    continue
-                self._router.succeeded(deployment)
-                yield first
-                async for chunk in chunks:
-                    yield chunk
-                return
-            except ProviderError as exc:
-                if exc.retryable or exc.status_code >= 500:
-                    UPSTREAM_ERRORS.labels(deployment.name).inc()
-                raise
-            finally:
-                deployment.outstanding -= 1
-                await chunks.aclose()  # type: ignore[attr-defined]
-        raise self._router.exhausted(self._route, last_error)
+        deployment, (chunks, first) = await self._router.serve(
+            self._route, self._request, self._start, hold=True
+        )
+        self.deployment = deployment
+        try:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+        except ProviderError as exc:
+            if exc.retryable or exc.status_code >= 500:
+                UPSTREAM_ERRORS.labels(deployment.name).inc()
+            raise
+        finally:
+            deployment.outstanding -= 1
+            await chunks.aclose()  # type: ignore[attr-defined]
 
 
 class Router:
@@ -152,8 +127,8 @@ class Router:
         self.discovering = routes is None
         self._routes: dict[str, ModelRoute] = {}
         self._names: dict[str, ModelRoute] = {}
-        self._refreshed_at = 0.0
         self._pending_names: set[str] = set()
+        self._discovery = Discovery(redis, self._add_engine_model)
         for route in routes or []:
             self._add(route)
 
@@ -183,7 +158,13 @@ class Router:
             deployments = [self.make_deployment(d) for d in entry.get("deployments") or []]
             if not deployments:
                 raise ConfigError(f"model {entry['name']!r} has no deployments")
-            routes.append(ModelRoute(entry["name"], list(entry.get("aliases") or []), deployments))
+            aliases = list(entry.get("aliases") or [])
+            routes.append(ModelRoute(entry["name"], aliases, deployments, **route_options(entry)))
+        names = {n for r in routes for n in [r.name, *r.aliases]} | set(self._names)
+        for route in routes:
+            for other in route.fallbacks + route.context_window_fallbacks:
+                if other not in names:
+                    raise ConfigError(f"model {route.name!r} falls back to unknown {other!r}")
         return routes
 
     def make_deployment(self, spec: dict[str, Any]) -> Deployment:
@@ -222,7 +203,8 @@ class Router:
         else:
             kinds = ", ".join(("openai", "engine", *HOSTED_KINDS))
             raise ConfigError(f"unknown provider kind {kind!r} (expected one of {kinds})")
-        return Deployment(provider=provider, kind=kind, model=model, weight=weight, mode=mode)
+        window = int(spec.get("context_window") or 0)
+        return Deployment(provider, kind, model, weight=weight, mode=mode, context_window=window)
 
     def _unique_name(self, base: str) -> str:
         """A default deployment name: it labels metrics and shows in errors, so it names the
@@ -242,6 +224,11 @@ class Router:
         provider: Provider = module.EngineProvider(self._redis, self._settings, model=model)
         return provider
 
+    def _add_engine_model(self, model: str) -> None:
+        if model not in self._routes:
+            deployment = Deployment(self._engine_provider(model), kind="engine", model=model)
+            self._add(ModelRoute(model, deployments=[deployment]))
+
     def _add(self, route: ModelRoute) -> None:
         self._routes[route.name] = route
         for name in [route.name, *route.aliases]:
@@ -249,37 +236,31 @@ class Router:
 
     # ---- lookup ------------------------------------------------------------------------------
 
+    @property
+    def _refreshed_at(self) -> float:
+        return self._discovery.refreshed_at
+
+    @_refreshed_at.setter
+    def _refreshed_at(self, value: float) -> None:
+        self._discovery.refreshed_at = value
+
     async def load(self) -> None:
         """Loads the routing table now (discovery mode reads the workers' registry), raising
         when it cannot be read: the readiness probe's routing check."""
-        await self._refresh(force=True)
-
-    async def _refresh(self, force: bool = False) -> None:
-        """Discovery mode: one route per model that has a worker heartbeat."""
-        now = time.monotonic()
-        if not self.discovering or (not force and now - self._refreshed_at < DISCOVERY_REFRESH_S):
-            return
-        self._refreshed_at = now
-        # Workers stamp their model in one sorted set each heartbeat: one read, no SCAN.
-        since = time.time() - DISCOVERY_WINDOW_S
-        models = {
-            m.decode() if isinstance(m, bytes) else m
-            for m in await self._redis.zrangebyscore(MODEL_REGISTRY, since, "+inf")
-        }
-        for model in sorted(models - self._routes.keys()):
-            deployment = Deployment(self._engine_provider(model), kind="engine", model=model)
-            self._add(ModelRoute(model, deployments=[deployment]))
+        if self.discovering:
+            await self._discovery.refresh(force=True)
 
     async def resolve(self, name: str) -> ModelRoute | None:
         route = self._names.get(name)
         if route is None and self.discovering:
-            await self._refresh()
+            await self._discovery.refresh()
             route = self._names.get(name)
         return route
 
     async def live_routes(self) -> list[ModelRoute]:
         """Models with at least one deployment that could serve now."""
-        await self._refresh()
+        if self.discovering:
+            await self._discovery.refresh()
         now = time.monotonic()
         live = []
         for route in self._routes.values():
@@ -289,22 +270,128 @@ class Router:
                     break
         return live
 
+    # ---- selection ---------------------------------------------------------------------------
+
     async def candidates(
         self, route: ModelRoute, request: ChatRequest | None = None, mode: str = "chat"
     ) -> list[Deployment]:
         """Deployments to try, best first: serving ``mode``, able to honour ``request`` (when
-        given), not cooling down, available, least loaded."""
+        given) and hold its prompt, not cooling down, available, least loaded (or in listed
+        order, spilling over, for a spill-over model)."""
         now = time.monotonic()
+        estimate = prompt_estimate(request) if request is not None else 0
         ready = [
             d
             for d in route.deployments
             if d.mode == mode
             and not d.cooling(now)
+            and not (d.context_window and estimate > d.context_window)
             and (request is None or d.provider.unsupported(request) is None)
         ]
-        random.shuffle(ready)
-        ready.sort(key=lambda d: (d.outstanding + 1) / d.weight)
+        if route.spill_over_ms is None:
+            random.shuffle(ready)
+            ready.sort(key=lambda d: (d.outstanding + 1) / d.weight)
+        else:
+            ready = await self._spill_order(ready, route.spill_over_ms)
         return [d for d in ready if await d.provider.is_available()]
+
+    async def _spill_order(self, ready: list[Deployment], max_queue_ms: float) -> list[Deployment]:
+        """Listed order, with engine deployments whose queue is too long moved last."""
+        short, long = [], []
+        for deployment in ready:
+            queue_ms = getattr(deployment.provider, "queue_ms", None)
+            waiting = await queue_ms() if queue_ms is not None else 0.0
+            (long if waiting > max_queue_ms else short).append(deployment)
+        return short + long
+
+    def _too_long(self, route: ModelRoute, request: ChatRequest) -> bool:
+        estimate = prompt_estimate(request)
+        windows = [d.context_window for d in route.deployments]
+        return bool(windows) and all(windows) and estimate > max(windows)
+
+    def _chain(self, route: ModelRoute, request: ChatRequest) -> list[ModelRoute]:
+        """The models to try in order: this one (unless the prompt is too long for all of
+        its deployments), then its fallbacks."""
+        chain = [] if self._too_long(route, request) else [route]
+        names = route.context_window_fallbacks if not chain else route.fallbacks
+        for name in names:
+            other = self._names.get(name)
+            if other is not None and other not in chain:
+                chain.append(other)
+        return chain
+
+    # ---- the fallback loop -------------------------------------------------------------------
+
+    def _retry_delay(self, attempt: int, error: ProviderError) -> float | None:
+        """How long to wait before retrying the same deployment; None: move on."""
+        if attempt >= self._settings.upstream_retries:
+            return None
+        if error.retry_after_s is not None:
+            if error.retry_after_s > self._settings.max_retry_after_s:
+                return None
+            return error.retry_after_s
+        return self._settings.retry_backoff_s * (2**attempt)
+
+    async def serve(
+        self,
+        route: ModelRoute,
+        request: ChatRequest,
+        start: Callable[[Deployment], Awaitable[T]],
+        *,
+        hold: bool = False,
+        mode: str = "chat",
+    ) -> tuple[Deployment, T]:
+        """``start`` on deployments in fallback order until one succeeds. With ``hold`` the
+        winner's ``outstanding`` stays counted (a stream still running); else it is released."""
+        last_error: ProviderError | None = None
+        chain = self._chain(route, request)
+        tried: set[int] = set()
+        for position, model_route in enumerate(chain):
+            for deployment in await self.candidates(model_route, request, mode):
+                if id(deployment) in tried:
+                    continue
+                tried.add(id(deployment))
+                attempt = 0
+                while True:
+                    deployment.outstanding += 1
+                    try:
+                        result = await start(deployment)
+                    except ProviderError as exc:
+                        deployment.outstanding -= 1
+                        if exc.code == "context_length_exceeded" and position == 0:
+                            return await self._context_fallback(route, request, start, exc, hold)
+                        if not exc.retryable:
+                            raise
+                        self.failed(deployment)
+                        last_error = exc
+                        delay = self._retry_delay(attempt, exc)
+                        if delay is None or deployment.cooling():
+                            break
+                        attempt += 1
+                        await asyncio.sleep(delay)
+                        continue
+                    except BaseException:
+                        deployment.outstanding -= 1
+                        raise
+                    if not hold:
+                        deployment.outstanding -= 1
+                    self.succeeded(deployment)
+                    return deployment, result
+        raise self.exhausted(route, last_error)
+
+    async def _context_fallback(
+        self,
+        route: ModelRoute,
+        request: ChatRequest,
+        start: Callable[[Deployment], Awaitable[T]],
+        error: ProviderError,
+        hold: bool,
+    ) -> tuple[Deployment, T]:
+        others = [self._names[n] for n in route.context_window_fallbacks if n in self._names]
+        if not others:
+            raise error
+        bigger = ModelRoute(route.name, deployments=[], fallbacks=[r.name for r in others])
+        return await self.serve(bigger, request, start, hold=hold)
 
     # ---- outcomes ----------------------------------------------------------------------------
 
@@ -336,54 +423,30 @@ class Router:
     async def complete(
         self, route: ModelRoute, request: ChatRequest
     ) -> tuple[Deployment, Response]:
-        """The whole answer at once, with fallback (nothing reached the client yet)."""
+        """The whole answer, with fallback (nothing reached the client yet)."""
 
-        async def answer(deployment: Deployment) -> Response:
+        async def start(deployment: Deployment) -> Response:
             complete = getattr(deployment.provider, "complete", None)
             if complete is not None:
                 result: Response = await complete(request)
                 return result
             return await _collect(deployment.provider, request)
 
-        return await self._first_answer(route, request, "chat", answer)
+        return await self.serve(route, request, start)
 
     async def embed(
         self, route: ModelRoute, request: ChatRequest
     ) -> tuple[Deployment, tuple[dict[str, Any], Usage | None]]:
         """Embeddings of ``request.passthrough`` (the client's body), with fallback."""
 
-        async def answer(deployment: Deployment) -> tuple[dict[str, Any], Usage | None]:
+        async def start(deployment: Deployment) -> tuple[dict[str, Any], Usage | None]:
             body = request.passthrough or {}
             result: tuple[dict[str, Any], Usage | None] = await deployment.provider.embed(  # type: ignore[attr-defined]
                 body, request.traceparent, request.deadline
             )
             return result
 
-        return await self._first_answer(route, request, "embeddings", answer)
-
-    async def _first_answer(
-        self,
-        route: ModelRoute,
-        request: ChatRequest,
-        mode: str,
-        answer: Callable[[Deployment], Awaitable[T]],
-    ) -> tuple[Deployment, T]:
-        last_error: ProviderError | None = None
-        for deployment in await self.candidates(route, request, mode):
-            deployment.outstanding += 1
-            try:
-                result = await answer(deployment)
-            except ProviderError as exc:
-                if not exc.retryable:
-                    raise
-                self.failed(deployment)
-                last_error = exc
-                continue
-            finally:
-                deployment.outstanding -= 1
-            self.succeeded(deployment)
-            return deployment, result
-        raise self.exhausted(route, last_error)
+        return await self.serve(route, request, start, mode="embeddings")
 
     def describe(self) -> list[dict[str, Any]]:
         now = time.monotonic()
@@ -391,6 +454,9 @@ class Router:
             {
                 "name": route.name,
                 "aliases": list(route.aliases),
+                "fallbacks": list(route.fallbacks),
+                "context_window_fallbacks": list(route.context_window_fallbacks),
+                "spill_over_ms": route.spill_over_ms,
                 "deployments": [
                     {
                         "name": d.name,
@@ -398,6 +464,7 @@ class Router:
                         "model": d.model,
                         "weight": d.weight,
                         "mode": d.mode,
+                        "context_window": d.context_window,
                         "outstanding": d.outstanding,
                         "healthy": not d.cooling(now),
                         "cooldown_remaining_s": round(max(0.0, d.cooldown_until - now), 3),

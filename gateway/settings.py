@@ -80,6 +80,13 @@ class Settings:
     """Run a usage flusher in this gateway process (any number of replicas may)."""
     cooldown_failures: int = 3
     cooldown_s: float = 30.0
+    upstream_retries: int = 1
+    """Retries of one deployment after a 429, 5xx or connect error before the first token,
+    before the next deployment is tried."""
+    retry_backoff_s: float = 0.05
+    """First retry's wait (doubling each time) when the upstream named no retry-after."""
+    max_retry_after_s: float = 2.0
+    """A longer retry-after moves on to the next deployment instead of waiting."""
     worker_heartbeat_ttl_s: float = 5.0
     resume_timeout_s: float = 30.0
     """How long a stream whose engine worker died waits for another worker to take it over."""

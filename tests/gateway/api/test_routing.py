@@ -50,7 +50,9 @@ def test_only_deployment_cools_down_and_answers_503_fast(
     gateway: str, make_key: Callable[..., str], api_settings: Settings
 ) -> None:
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key=make_key(), max_retries=0)
-    for _ in range(api_settings.cooldown_failures):
+    # Each request tries the deployment 1 + upstream_retries times, each a failure.
+    attempts = api_settings.upstream_retries + 1
+    for _ in range(-(-api_settings.cooldown_failures // attempts)):
         with pytest.raises(openai.InternalServerError) as caught:
             client.chat.completions.create(model="dead", messages=HELLO)
         assert caught.value.status_code == 503
@@ -66,7 +68,10 @@ def test_only_deployment_cools_down_and_answers_503_fast(
 
 
 def test_upstream_5xx_is_retried_elsewhere_or_503(
-    gateway: str, make_key: Callable[..., str], upstream: tuple[Upstream, str]
+    gateway: str,
+    make_key: Callable[..., str],
+    upstream: tuple[Upstream, str],
+    api_settings: Settings,
 ) -> None:
     app, _ = upstream
     calls = app.calls["boom"]
@@ -74,7 +79,8 @@ def test_upstream_5xx_is_retried_elsewhere_or_503(
     with pytest.raises(openai.InternalServerError) as caught:
         client.chat.completions.create(model="boom", messages=HELLO)
     assert caught.value.status_code == 503
-    assert app.calls["boom"] == calls + 1
+    # Retried upstream_retries times after a backoff, then no other deployment: 503.
+    assert app.calls["boom"] == calls + 1 + api_settings.upstream_retries
 
 
 async def test_weighted_least_outstanding_order(redis_url: str) -> None:

@@ -119,6 +119,25 @@ def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
             ],
         }
     )
+    anthropic = spec("anthropic", "plain")
+    models += [
+        {"name": "retry-once", "deployments": [spec("anthropic", "once-limited")]},
+        {
+            "name": "falls-back",
+            "deployments": [spec("anthropic", "down")],
+            "fallbacks": ["gemini-plain"],
+        },
+        {
+            "name": "small-window",
+            "deployments": [{**anthropic, "context_window": 20, "name": "small"}],
+            "context_window_fallbacks": ["bedrock-plain"],
+        },
+        {
+            "name": "short-context",
+            "deployments": [spec("anthropic", "short-context")],
+            "context_window_fallbacks": ["gemini-plain"],
+        },
+    ]
     return {"models": models}
 
 

@@ -4,7 +4,8 @@ Requires ``x-api-key: ant-test-key`` and an ``anthropic-version`` header. Answer
 shared fake model (fake_common.py); a ``thinking`` request gets a thinking block first; usage
 reports 2 cache-read and 1 cache-write tokens besides ``input_tokens``. Errors use Anthropic's
 ``{"type": "error", "error": {...}}`` shape: ``limited`` 429 rate_limit_error, ``down`` 529
-overloaded_error, ``bad`` 400 invalid_request_error.
+overloaded_error, ``bad`` 400 invalid_request_error; ``once-limited`` answers every other call
+429 with ``retry-after-ms: 300``; ``short-context`` refuses prompts over 3 words as too long.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class FakeAnthropic(FakeServer):
             )
         model = body["model"]
         self.calls[model] += 1
+        if model == "once-limited" and self.calls[model] % 2 == 1:
+            error = _error("rate_limit_error", "Slow down.")
+            return await send_json(send, 429, error, {"retry-after-ms": "300"})
+        if model == "short-context" and count_words(body["messages"]) > 3:
+            error = _error("invalid_request_error", "prompt is too long: 4 tokens > 3 maximum")
+            return await send_json(send, 400, error)
         if model in _ERRORS:
             status, kind, message = _ERRORS[model]
             extra = {"retry-after": "0"} if status == 429 else {}
