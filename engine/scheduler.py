@@ -299,6 +299,9 @@ class Scheduler:
             "peak_kv_utilization": self.peak_kv_utilization,
             "num_running": self.num_running,
             "num_waiting": self.num_waiting,
+            # When the head of the queue arrived (monotonic): how long a new request would at
+            # least wait, for the gateway's spill-over.
+            "oldest_waiting_arrival": self.waiting[0].arrival_time if self.waiting else None,
             "num_preemptions": self.num_preemptions,
             "prefix_cache_queries": manager.prefix_cache_queries,
             "prefix_cache_hits": manager.prefix_cache_hits,

@@ -660,6 +660,7 @@ class Worker:
             max_model_len=int(stats.get("max_model_len", 0) or 0),
             block_size=int(stats.get("kv_block_size", 16) or 16),
             draining=self._draining,
+            queue_ms=_queue_ms(stats.get("oldest_waiting_arrival")),
         )
 
     async def _heartbeat_once(self) -> None:
@@ -910,3 +911,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _queue_ms(oldest_arrival: float | None) -> float:
+    """Milliseconds the head of the engine's queue has waited (0 with no queue)."""
+    if oldest_arrival is None:
+        return 0.0
+    return max(0.0, (time.monotonic() - oldest_arrival) * 1000)

@@ -117,6 +117,22 @@ class EngineProvider:
         self._workers, self._workers_at = workers, time.monotonic()
         return workers
 
+    async def queue_ms(self) -> float:
+        """How long a new request would wait for its first step: the shortest queue among the
+        live workers (a heartbeat's queue keeps ageing until the next one)."""
+        try:
+            workers = await self.live_workers()
+        except (RedisError, OSError, TimeoutError):
+            return 0.0
+        now = time.time()
+        return min(
+            (
+                beat.queue_ms + max(0.0, now - beat.time) * 1000 if beat.queue_ms else 0.0
+                for beat in workers.values()
+            ),
+            default=0.0,
+        )
+
     async def is_available(self) -> bool:
         try:
             return bool(await self.live_workers())
