@@ -14,13 +14,14 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, post
-from litestar.params import JSONBody
 
 from gateway.api.anthropic_errors import ANTHROPIC_EXCEPTION_HANDLERS, anthropic_error
-from gateway.call import Call, admit, authenticate
+from gateway.call import Call, admit
 from gateway.canonical import Chunk
 from gateway.canonical import Response as Answer
 from gateway.errors import OpenAIError
+from gateway.schemas.wire import decode_body
+from gateway.services import authenticate
 from gateway.translate.anthropic_in import CountTokensRequest, MessagesRequest, canonical
 from gateway.translate.anthropic_reply import StreamWriter, event, message_body
 
@@ -40,7 +41,7 @@ class MessagesRenderer:
         )
         return _encode(body)
 
-    def opening(self, call: Call) -> bytes:
+    def opening(self, call: Call, first: Chunk) -> bytes:
         prompt = call.prompt_tokens or call.prompt_estimate
         return self._writer.start(call.response_id, call.public_model, prompt)
 
@@ -62,9 +63,8 @@ class MessagesController(Controller):
     exception_handlers = ANTHROPIC_EXCEPTION_HANDLERS
 
     @post("/", status_code=200, summary="Create a message (Anthropic Messages API)")
-    async def create(
-        self, request: Request[Any, Any, Any], data: JSONBody[MessagesRequest]
-    ) -> Response[Any]:
+    async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        data, _ = decode_body(await request.body(), MessagesRequest)
         body = canonical(data)
         call = await admit(request, body, operation="chat", id_prefix="msg_")
         renderer = MessagesRenderer()
@@ -72,9 +72,8 @@ class MessagesController(Controller):
         return response
 
     @post("/count_tokens", status_code=200, summary="Count a message's input tokens")
-    async def count_tokens(
-        self, request: Request[Any, Any, Any], data: JSONBody[CountTokensRequest]
-    ) -> Response[Any]:
+    async def count_tokens(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        data, _ = decode_body(await request.body(), CountTokensRequest)
         body = canonical(data)
         count = await count_prompt_tokens(request, body)
         return Response(_encode({"input_tokens": count}), media_type="application/json")
@@ -89,7 +88,7 @@ class _PromptCounter:
         self.prompt_tokens = call.usage.prompt_tokens if call.usage else 0
         return b"{}"
 
-    def opening(self, call: Call) -> bytes:
+    def opening(self, call: Call, first: Chunk) -> bytes:
         return b""
 
     def chunk(self, call: Call, chunk: Chunk) -> bytes:

@@ -11,12 +11,13 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, post
-from litestar.params import JSONBody
 
-from gateway.call import Call, admit, authenticate
+from gateway.call import Call, admit
 from gateway.canonical import Chunk
 from gateway.canonical import Response as Answer
 from gateway.errors import OpenAIError
+from gateway.schemas.wire import decode_body
+from gateway.services import authenticate
 from gateway.translate.responses_in import FunctionTool, ResponsesRequest, canonical
 from gateway.translate.responses_reply import Envelope, ResponsesStream, response_body
 
@@ -67,7 +68,7 @@ class ResponsesRenderer:
         assert call.usage is not None
         return _encode(response_body(self._envelope(call), answer, call.usage, call.finish_reason))
 
-    def opening(self, call: Call) -> bytes:
+    def opening(self, call: Call, first: Chunk) -> bytes:
         self._stream = ResponsesStream(self._envelope(call))
         return self._stream.start()
 
@@ -91,9 +92,8 @@ class ResponsesController(Controller):
     tags = ("openai",)
 
     @post("/", status_code=200, summary="Create a model response (stateless)")
-    async def create(
-        self, request: Request[Any, Any, Any], data: JSONBody[ResponsesRequest]
-    ) -> Response[Any]:
+    async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        data, _ = decode_body(await request.body(), ResponsesRequest)
         body = canonical(data)
         call = await admit(request, body, operation="chat", id_prefix="resp_")
         renderer = ResponsesRenderer(data)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from gateway.canonical import ChatRequest, ChoiceDelta, Chunk, Response, Usage
+from gateway.canonical import ChatRequest, Chunk, Response
 from gateway.providers.base import ProviderError
 from gateway.providers.features import first_unsupported
 from gateway.providers.hosted import HostedClient, sse_events
@@ -96,28 +96,19 @@ class AzureProvider:
             ) from exc
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
+        """Azure's chunks as they came (``raw`` kept, so an OpenAI client gets them as is)."""
         body = json.dumps(chat_body(request, self._body_model, stream=True)).encode()
         started = False
-        finished: list[ChoiceDelta] = []
-        usage: Usage | None = None
+        finished = False
         async with self._http.stream(self._url, self._headers_for(request), body) as resp:
             try:
                 async for _, data in sse_events(resp):
                     if data.strip() == "[DONE]":
                         break
                     chunk = chunk_of(json.loads(data))
-                    usage = chunk.usage or usage
-                    # Finish reasons wait for the usage chunk that follows them.
-                    for delta in chunk.choices:
-                        if delta.finish_reason is not None:
-                            finished.append(
-                                ChoiceDelta(index=delta.index, finish_reason=delta.finish_reason)
-                            )
-                            delta.finish_reason = None
-                    if chunk.has_output():
-                        started = True
-                        chunk.usage = None
-                        yield chunk
+                    started = started or chunk.has_output()
+                    finished = finished or chunk.finish_reason() is not None
+                    yield chunk
             except httpx.TransportError as exc:
                 raise ProviderError(
                     f"deployment {self.name} failed mid-stream", retryable=not started
@@ -130,7 +121,6 @@ class AzureProvider:
             raise ProviderError(
                 f"deployment {self.name} ended the stream early", retryable=not started
             )
-        yield Chunk(finished, usage=usage)
 
     async def is_available(self) -> bool:
         return True
