@@ -13,26 +13,36 @@ from engine import protocol
 from gateway.ui.common import render
 from gateway.ui.session import ui_guard
 
-MAX_WORKERS_SHOWN = 500
+MAX_MODELS_SHOWN = 200
+RECENT_S = 3600.0
+"""Models whose workers beat within this long are looked at (the registry keeps older ones)."""
 
 
 async def worker_heartbeats(request: Request[Any, Any, Any]) -> list[protocol.Heartbeat]:
+    """Every live worker's latest heartbeat: models from the registry workers stamp, then each
+    model's worker set and heartbeat keys (one slot per model, so a Redis Cluster works)."""
     redis = request.app.state.redis
-    names = []
-    async for name in redis.scan_iter(match=protocol.heartbeat_pattern(), count=500):
-        names.append(name)
-        if len(names) >= MAX_WORKERS_SHOWN:
-            break
+    recent = await redis.zrangebyscore(
+        protocol.MODEL_REGISTRY, time.time() - RECENT_S, "+inf", start=0, num=MAX_MODELS_SHOWN
+    )
     beats = []
-    for raw in await redis.mget(names) if names else []:
-        if raw is None:
+    for raw_model in recent:
+        model = raw_model.decode() if isinstance(raw_model, bytes) else raw_model
+        ids = [
+            w.decode() if isinstance(w, bytes) else w
+            for w in await redis.smembers(protocol.worker_registry(model))
+        ]
+        if not ids:
             continue
-        try:
-            message = protocol.decode(raw)
-        except ValueError:
-            continue
-        if isinstance(message, protocol.Heartbeat):
-            beats.append(message)
+        for raw in await redis.mget([protocol.heartbeat_key(model, w) for w in ids]):
+            if raw is None:
+                continue
+            try:
+                message = protocol.decode(raw)
+            except protocol.MalformedMessage:
+                continue
+            if isinstance(message, protocol.Heartbeat):
+                beats.append(message)
     return sorted(beats, key=lambda beat: (beat.model, beat.worker_id))
 
 

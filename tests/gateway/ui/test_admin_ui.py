@@ -191,11 +191,12 @@ def test_the_overview_charts_daily_tokens_and_spend(
     shot(page, screenshot_dir, "10-teams")
     page.get_by_role("link", name="Edit").click()
     shot(page, screenshot_dir, "11-team-edit")
-    worker = f"ui-test-{uuid.uuid4().hex[:8]}"
+    # A worker announces itself as a real one does: heartbeat key, worker set, model registry.
+    model, worker = f"ui-test-{uuid.uuid4().hex[:8]}", "worker-1"
     beat = protocol.Heartbeat(
         worker_id=worker,
-        model="llama-3.1-8b",
-        served_model_name="llama-3.1-8b",
+        model=model,
+        served_model_name=model,
         version="test",
         time=time.time(),
         num_running=3,
@@ -206,18 +207,21 @@ def test_the_overview_charts_daily_tokens_and_spend(
         tokens_per_s=812.5,
     )
     client = redis.Redis.from_url(ui_settings.redis_url)
-    client.set(protocol.heartbeat_key("llama-3.1-8b", worker), protocol.encode(beat), px=30_000)
+    client.set(protocol.heartbeat_key(model, worker), protocol.encode(beat), px=30_000)
+    client.sadd(protocol.worker_registry(model), worker)
+    client.zadd(protocol.MODEL_REGISTRY, {model: time.time()})
     try:
         nav(page, "Models").click()
         expect(page.get_by_text("llama-3.1-8b").first).to_be_visible()
-        row = page.get_by_role("row").filter(has_text=worker)
+        row = page.get_by_role("row").filter(has_text=model)
         expect(row).to_contain_text("420/1000 blocks")
         expect(row.get_by_role("cell")).to_have_text(
-            [worker, "llama-3.1-8b", "3", "2", re.compile("42%"), "812.5", re.compile("ago")]
+            [worker, model, "3", "2", re.compile("42%"), "812.5", re.compile("ago")]
         )
         shot(page, screenshot_dir, "12-models")
     finally:
-        client.delete(protocol.heartbeat_key("llama-3.1-8b", worker))
+        client.delete(protocol.heartbeat_key(model, worker), protocol.worker_registry(model))
+        client.zrem(protocol.MODEL_REGISTRY, model)
         client.close()
 
 
