@@ -41,6 +41,7 @@ class ChatRenderer:
     def __init__(self) -> None:
         self.relaying = False
         """The upstream speaks OpenAI's chat wire: its chunks go out as they came."""
+        self.opened: set[int] = set()
         self.finished: set[int] = set()
         self.usage_sent = False
 
@@ -71,19 +72,22 @@ class ChatRenderer:
 
     def opening(self, call: Call, first: Chunk) -> bytes:
         self.relaying = first.raw is not None
-        if self.relaying:
-            return b""
-        role = ChunkDelta(role="assistant", content="")
-        return b"".join(
-            self._event(call, ChunkChoice(i, role, None, None))
-            for i in range(call.request.sampling.n)
-        )
+        return b""
+
+    def _role(self, call: Call, index: int, text: bool) -> bytes:
+        """A choice's first event names the role; its content starts as ``""`` for a text
+        answer and stays ``null`` for tool calls, as in the non-streamed message."""
+        self.opened.add(index)
+        role = ChunkDelta(role="assistant", content="" if text else None)
+        return self._event(call, ChunkChoice(index, role, None, None))
 
     def chunk(self, call: Call, chunk: Chunk) -> bytes:
         if self.relaying:
             return self._relay(call, chunk)
         out = []
         for choice in chunk.choices:
+            if choice.index not in self.opened:
+                out.append(self._role(call, choice.index, bool(choice.text)))
             if choice.has_output() or choice.logprobs:
                 delta = delta_out(choice)
                 logprobs = logprobs_out(choice.logprobs)
@@ -111,6 +115,8 @@ class ChatRenderer:
         out = []
         if not self.relaying:
             for i in range(call.request.sampling.n):
+                if i not in self.opened:
+                    out.append(self._role(call, i, True))
                 if i not in self.finished:
                     end = ChunkChoice(i, ChunkDelta(), None, call.finish_reason or "stop")
                     out.append(self._event(call, end))

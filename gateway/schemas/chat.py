@@ -83,6 +83,8 @@ class ChatMessageIn(msgspec.Struct):
     """A reference to an earlier audio answer (``{"id": ...}``)."""
     function_call: FunctionCallIn | None = None
     """The deprecated form of ``tool_calls``."""
+    annotations: list[dict[str, Any]] | None = None
+    """Citations of an earlier answer, echoed back by clients; they are not model input."""
 
 
 _MESSAGE_FIELDS = frozenset(ChatMessageIn.__struct_fields__)
@@ -176,9 +178,8 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
         for i, (message, raw) in enumerate(zip(self.messages, document["messages"], strict=True)):
             messages.append(_message(message))
             if isinstance(raw, dict) and not _MESSAGE_FIELDS.issuperset(raw):
-                extra.update(
-                    {f"messages[{i}].{k}": raw[k] for k in raw if k not in _MESSAGE_FIELDS}
-                )
+                unknown = unknown_fields(raw, _MESSAGE_FIELDS)
+                extra.update({f"messages[{i}].{k}": v for k, v in unknown.items()})
             # What the canonical model has no place for: audio answers, custom tool calls.
             if message.audio is not None:
                 extra[f"messages[{i}].audio"] = message.audio

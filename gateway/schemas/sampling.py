@@ -125,5 +125,6 @@ class GenerationFields(msgspec.Struct, kw_only=True):
 
 
 def unknown_fields(document: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
-    """The top-level fields of ``document`` that ``known`` does not name."""
-    return {k: v for k, v in document.items() if k not in known}
+    """The fields of ``document`` that ``known`` does not name (a ``null`` one is as good as
+    absent: SDKs echo objects back with their unset fields as ``null``)."""
+    return {k: v for k, v in document.items() if k not in known and v is not None}

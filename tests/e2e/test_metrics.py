@@ -86,7 +86,10 @@ def test_gateway_and_worker_counters_move_by_the_traffic(
     # A stream's metrics are counted as it settles, just after its last byte.
     tools.wait_until(
         lambda: (
-            Scrape(served.gateway_metrics, served.admin_headers)("sluicegate_requests_total", **model, status="ok") == 2
+            Scrape(served.gateway_metrics, served.admin_headers)(
+                "sluicegate_requests_total", **model, status="ok"
+            )
+            == 2
         ),
         5,
         "the streamed request to be counted",

@@ -134,9 +134,21 @@ def test_what_an_engine_cannot_honour_is_a_400_naming_it(
 def test_vllm_extras_and_identifying_fields_are_accepted_for_engines(
     gateway: str, make_key: Callable[..., str]
 ) -> None:
+    echoed = {  # an SDK's response message sent back as history: unset fields are null
+        "role": "assistant",
+        "content": None,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
     body = {
         "model": "engine-only",
-        "messages": HELLO,
+        "messages": [*HELLO, echoed, {"role": "tool", "tool_call_id": "call_1", "content": "1"}],
+        "functions": None,
         "top_k": 5,
         "min_p": 0.1,
         "repetition_penalty": 1.1,
