@@ -1,0 +1,82 @@
+"""The UI's sessions and lists without a browser: who may sign in, when a session ends, paging."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+
+Client = AsyncTestClient[Litestar]
+TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+async def _sign_in(client: Client, key: str) -> Any:
+    page = await client.get("/ui", headers={"authorization": ""})
+    token = TOKEN.search(page.text).group(1)  # type: ignore[union-attr]
+    return await client.post(
+        "/ui/sign-in", data={"csrf_token": token, "key": key}, follow_redirects=False
+    )
+
+
+async def _key(client: Client, **fields: Any) -> dict[str, Any]:
+    response = await client.post("/admin/keys", json={"name": "k", **fields})
+    assert response.status_code == 201, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+async def test_only_master_and_team_admin_keys_sign_in(admin_client: Client) -> None:
+    team = (await admin_client.post("/admin/teams", json={"name": "t"})).json()
+    member = await _key(admin_client, team_id=team["id"])
+    lead = await _key(admin_client, team_id=team["id"], role="team_admin")
+
+    refused = await _sign_in(admin_client, member["key"])
+    assert refused.status_code == 403 and "team admin key" in refused.text
+    wrong = await _sign_in(admin_client, "sk-" + "x" * 43)
+    assert wrong.status_code == 401
+    assert "sg_ui_session" not in admin_client.cookies
+
+    signed_in = await _sign_in(admin_client, lead["key"])
+    assert signed_in.status_code == 303 and signed_in.headers["location"] == "/ui"
+    cookie = signed_in.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and lead["key"] not in cookie
+    assert (await admin_client.get("/ui/keys")).status_code == 200
+
+    # Revoking the key ends its UI sessions at once.
+    await admin_client.delete(f"/admin/keys/{lead['id']}")
+    after = await admin_client.get("/ui/keys", follow_redirects=False)
+    assert after.status_code == 303 and after.headers["location"] == "/ui"
+
+
+async def test_rotating_a_team_admin_key_away_ends_its_sessions(admin_client: Client) -> None:
+    team = (await admin_client.post("/admin/teams", json={"name": "t"})).json()
+    lead = await _key(admin_client, team_id=team["id"], role="team_admin")
+    assert (await _sign_in(admin_client, lead["key"])).status_code == 303
+    rotated = await admin_client.post(
+        f"/admin/keys/{lead['id']}/rotate", json={"grace_seconds": 60}
+    )
+    assert rotated.status_code == 200
+    # Within the grace period the session lives on; a rotation without grace ends it.
+    assert (await admin_client.get("/ui/keys")).status_code == 200
+    await admin_client.post(f"/admin/keys/{lead['id']}/rotate", json={"grace_seconds": 0})
+    assert (await admin_client.get("/ui/keys", follow_redirects=False)).status_code == 303
+
+
+async def test_keys_pages_search_and_page(admin_client: Client) -> None:
+    for i in range(30):
+        await _key(admin_client, name=f"svc-{i:02d}")
+    await _key(admin_client, name="billing-etl")
+    master = admin_client.headers["authorization"].split()[-1]
+    assert (await _sign_in(admin_client, master)).status_code == 303
+
+    first = await admin_client.get("/ui/keys")
+    assert "31 keys" in first.text and "Page 1 of 2" in first.text
+    names = set(re.findall(r">(svc-\d\d|billing-etl)</a>", first.text))
+    second = await admin_client.get("/ui/keys", params={"page": 2})
+    names_2 = set(re.findall(r">(svc-\d\d|billing-etl)</a>", second.text))
+    assert len(names) == 25 and len(names_2) == 6 and not names & names_2
+    found = await admin_client.get("/ui/keys", params={"q": "billing"})
+    assert re.findall(r">(svc-\d\d|billing-etl)</a>", found.text) == ["billing-etl"]
+    nothing = await admin_client.get("/ui/keys", params={"q": "zzz"})
+    assert "No key matches" in nothing.text
