@@ -86,6 +86,13 @@ class _Write:
     ack: tuple[str, bytes] | None = None
 
 
+def _queue_ms(oldest_arrival: float | None) -> float:
+    """Milliseconds the head of the engine's queue has waited (0 with no queue)."""
+    if oldest_arrival is None:
+        return 0.0
+    return max(0.0, (time.monotonic() - oldest_arrival) * 1000)
+
+
 class Worker:
     def __init__(
         self,
@@ -911,10 +918,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-def _queue_ms(oldest_arrival: float | None) -> float:
-    """Milliseconds the head of the engine's queue has waited (0 with no queue)."""
-    if oldest_arrival is None:
-        return 0.0
-    return max(0.0, (time.monotonic() - oldest_arrival) * 1000)

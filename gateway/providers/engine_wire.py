@@ -174,6 +174,9 @@ def _structured(output: canonical.OutputFormat | None) -> protocol.Structured | 
 
 def _template_kwargs(request: canonical.ChatRequest) -> dict[str, object] | None:
     kwargs = dict(request.chat_template_kwargs or {})
+    if request.thinking is not None:
+        # Anthropic's thinking switch: the checkpoint's own thinking mode.
+        kwargs.setdefault("enable_thinking", request.thinking.type != "disabled")
     if request.reasoning_effort is not None:
         # Thinking checkpoints (Qwen3) have an on/off switch, not levels.
         kwargs.setdefault("enable_thinking", request.reasoning_effort not in _THINKING_OFF)
