@@ -4,20 +4,24 @@ A ``before_request`` hook (it runs after the guards, before Litestar decodes ``d
 the body, which Litestar caches for the decoder, and refuses with the API's error shape:
 413 past ``max_body_bytes`` however the body was framed (``Content-Length`` or chunked), and
 400 when JSON nests deeper than ``max_json_depth``, which would otherwise exhaust the
-decoder's recursion and come back as a 500.
+decoder's recursion and come back as a 500. Admin input (stored in PostgreSQL, which refuses
+NUL in text) with a NUL character in a query parameter or a JSON string is a 400 naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
+import msgspec
 from litestar import Request
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.settings import Settings
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_STORED_PREFIX = "/admin/"
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _OPENERS = frozenset(b"[{")
@@ -51,9 +55,47 @@ def json_depth_exceeds(body: bytes, limit: int) -> bool:
     return False
 
 
+def _nul_field(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string (or key) in decoded JSON holding a NUL."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    items: Any = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list)
+        else ()
+    )
+    for key, item in items:
+        where = f"{path}.{key}" if path else str(key)
+        if isinstance(key, str) and "\x00" in key:
+            return where
+        found = _nul_field(item, where)
+        if found is not None:
+            return found
+    return None
+
+
+def _refuse_nul(request: Request[Any, Any, Any], body: bytes) -> None:
+    """Admin input is stored in PostgreSQL, whose text cannot hold NUL: a 400 naming the
+    field, not the database's error as a 500."""
+    param = next((k for k, v in request.query_params.multi_items() if "\x00" in k + v), None)
+    if param is None and b"\\u0000" in body:
+        with contextlib.suppress(msgspec.DecodeError):
+            param = _nul_field(msgspec.json.decode(body))
+    if param is not None:
+        raise InvalidRequest(
+            f"'{param}' contains a NUL character, which is not allowed.", param=param
+        )
+
+
 async def check_body(request: Request[Any, Any, Any]) -> None:
-    """``before_request`` hook: enforce the size and nesting limits on a body that has one."""
+    """``before_request`` hook: enforce the size and nesting limits on a body that has one,
+    and keep NUL characters out of what the admin API stores."""
+    stored = request.url.path.startswith(_STORED_PREFIX)
     if request.method not in _BODY_METHODS:
+        if stored:
+            _refuse_nul(request, b"")
         return
     settings: Settings = request.app.state.settings
     body = await request.body()
@@ -64,3 +106,5 @@ async def check_body(request: Request[Any, Any, Any]) -> None:
             f"The JSON body nests deeper than {settings.max_json_depth} levels.",
             code="json_too_deep",
         )
+    if stored:
+        _refuse_nul(request, body)

@@ -32,7 +32,7 @@ class AuditController(Controller):
         since: FromQuery[dt.datetime | None] = None,
         until: FromQuery[dt.datetime | None] = None,
         limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Parameter(ge=0)] = 0,
+        offset: Annotated[int, Parameter(ge=0, le=2**62)] = 0,
     ) -> AuditList:
         async with sessions(request)() as session:
             rows = await audit_queries.list_entries(

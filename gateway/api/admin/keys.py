@@ -59,7 +59,7 @@ class KeysController(Controller):
         team_id: FromQuery[uuid.UUID | None] = None,
         search: FromQuery[str | None] = None,
         limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Parameter(ge=0)] = 0,
+        offset: Annotated[int, Parameter(ge=0, le=2**62)] = 0,
     ) -> KeyList:
         actor = actor_of(request)
         if not actor.is_master:

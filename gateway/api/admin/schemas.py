@@ -13,9 +13,12 @@ from gateway.db.models import ApiKey, AuditEntry, ModelPrice, Team
 from gateway.pricing import from_micros, to_micros
 
 Name = Annotated[str, Meta(min_length=1, max_length=200)]
-PositiveInt = Annotated[int, Meta(ge=1)]
-TokenCount = Annotated[int, Meta(ge=0)]
-Amount = Annotated[float, Meta(ge=0)]
+PositiveInt = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+"""Limits (per minute, in parallel): PostgreSQL INTEGER columns."""
+TokenCount = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+"""Token budgets: BIGINT columns."""
+Amount = Annotated[float, Meta(ge=0, le=1e12)]
+"""Money (prices per million tokens, budgets): in micro-units it must fit PostgreSQL's BIGINT."""
 AwareDatetime = Annotated[dt.datetime, Meta(tz=True)]
 BudgetPeriod = Literal["day", "month"]
 Role = Literal["member", "team_admin"]

@@ -57,7 +57,7 @@ class TeamsController(Controller):
         self,
         request: Request[Any, Any, Any],
         limit: Annotated[int, Parameter(ge=1, le=1000)] = 100,
-        offset: Annotated[int, Parameter(ge=0)] = 0,
+        offset: Annotated[int, Parameter(ge=0, le=2**62)] = 0,
     ) -> TeamList:
         async with sessions(request)() as session:
             rows = await team_queries.list_teams(session, limit=limit, offset=offset)

@@ -142,3 +142,20 @@ async def test_deeply_nested_json_is_a_400_not_a_500(
         )
         assert response.status_code == 400
         assert "nests deeper" not in response.text
+
+
+async def test_nul_characters_in_admin_input_are_a_400_naming_the_field(
+    gateway: str, edge_settings: Settings
+) -> None:
+    admin = {**_admin(edge_settings), "content-type": "application/json"}
+    async with httpx.AsyncClient() as client:
+        listed = await client.get(f"{gateway}/admin/audit?action=a%00b", headers=admin)
+        assert listed.status_code == 400, listed.text
+        assert listed.json()["error"]["param"] == "action"
+        created = await client.post(
+            f"{gateway}/admin/keys",
+            content='{"name": "ok", "metadata": {"team": ["x", "a\\u0000b"]}}',
+            headers=admin,
+        )
+        assert created.status_code == 400, created.text
+        assert created.json()["error"]["param"] == "metadata.team.1"
