@@ -115,6 +115,29 @@ def test_sign_in_create_a_key_see_its_secret_once_and_revoke_it(
     expect(page.get_by_role("heading", name="search-backend")).to_be_visible()
     assert secret not in page.content()
     shot(page, screenshot_dir, "04-key-edit")
+
+    page.get_by_label("Requests / minute").fill("60")
+    page.get_by_label("Money budget (USD)").fill("12.5")
+    page.get_by_label("Budget period").select_option("month")
+    page.get_by_role("button", name="Save changes").click()
+    expect(page.get_by_text("Saved.")).to_be_visible()
+    edited = httpx.get(f"{gateway_url}/v1/key/info", headers={"authorization": f"Bearer {secret}"})
+    assert edited.json()["key"]["rpm_limit"] == 60
+    assert edited.json()["budget"]["max_budget"] == 12.5
+    assert edited.json()["budget"]["budget_period"] == "month"
+
+    page.get_by_label("Grace period (seconds)").fill("300")
+    page.get_by_role("button", name="Rotate").click()
+    rotated = page.get_by_label("The new secret").input_value()
+    assert rotated != secret and rotated.startswith("sk-")
+    expect(page.get_by_text("keeps working for 300 seconds")).to_be_visible()
+    for usable in (secret, rotated):
+        info = httpx.get(
+            f"{gateway_url}/v1/key/info", headers={"authorization": f"Bearer {usable}"}
+        )
+        assert info.status_code == 200
+    page.get_by_role("link", name="Done — go to the key").click()
+    assert rotated not in page.content() and secret not in page.content()
     page.goto("/ui/keys")
     assert secret not in page.content()
     expect(page.get_by_role("cell", name="search-backend", exact=True)).to_be_visible()
