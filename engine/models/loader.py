@@ -122,8 +122,7 @@ def load_model(
         raise FileNotFoundError(f"{config_file} not found: expected a Hugging Face model folder")
     raw = json.loads(config_file.read_text())
     impl = choose_impl(raw, model_impl)
-    if model_impl == "auto":
-        logger.info("model_impl=auto chose the %s implementation for %s", impl, path.name)
+    logger.info("%s: the %s implementation (model_impl=%s)", path.name, impl, model_impl)
     if impl == "transformers":
         from engine.models.transformers_backend import (
             UnsupportedTransformersModelError,

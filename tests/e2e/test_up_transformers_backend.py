@@ -133,7 +133,7 @@ def test_up_serves_a_phi3_checkpoint_with_streaming(
         assert finish in {"stop", "length"}
 
         engine_log = (tmp_path / "sg-data" / "logs" / "engine.log").read_text()
-        assert "chose the transformers implementation" in engine_log
+        assert "the transformers implementation (model_impl=auto)" in engine_log
         up.send_signal(signal.SIGINT)
         assert up.wait(60) == 0
     finally:

@@ -300,6 +300,18 @@ def test_windowed_attention_without_window_or_cap_is_the_reference() -> None:
     )
 
 
+def test_model_impl_on_the_command_lines() -> None:
+    from engine.worker import build_parser, engine_kwargs
+    from gateway.up import build_parser as up_parser
+
+    args = build_parser().parse_args(["--model", "m", "--model-impl", "transformers"])
+    assert engine_kwargs(args)["model_impl"] == "transformers"
+    assert "model_impl" not in engine_kwargs(build_parser().parse_args(["--model", "m"]))
+    assert up_parser().parse_args(["--model-impl", "native"]).model_impl == "native"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--model", "m", "--model-impl", "vllm"])
+
+
 def test_model_impl_choice_and_errors(hf_dirs: dict[str, Path], tmp_path: Path) -> None:
     cpu = torch.device("cpu")
     with pytest.raises(UnsupportedModelError, match="supported: LlamaForCausalLM"):
