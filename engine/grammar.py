@@ -179,7 +179,10 @@ class GrammarCompiler:
 # xgrammar 0.2.9 writes length-bounded strings (minLength/maxLength) with this character
 # class, which lets raw control characters through: the output would not parse as JSON.
 _LOOSE_STRING_CHAR = '[^\\"\\\\\\r\\n]'
-_JSON_STRING_CHAR = '[^\\0-\\x1f\\"\\\\]'
+# The replacement also keeps out surrogates (U+D800-DFFF): xgrammar accepts their 3-byte
+# encodings, which are not UTF-8, so the text decoded to three U+FFFD per surrogate and
+# broke maxLength (seeded sampling drew them for some seeds).
+_JSON_STRING_CHAR = '[^\\0-\\x1f\\"\\\\\\uD800-\\uDFFF]'
 
 
 def _json_schema_grammar(schema: dict[str, Any]) -> Any:
