@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
@@ -42,45 +43,46 @@ def counter_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab: int
 
 
 def filter_logits(
-    logits: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
+    logits: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray
 ) -> torch.Tensor:
     """Mask (to -inf) what each row's top-k, top-p nucleus and min-p floor exclude.
 
-    ``top_k`` is int64 with the vocabulary size for "off"; ``top_p`` 1.0 and ``min_p`` 0.0
-    are off. The nucleus and the floor are both judged on the distribution after top-k, as
-    vLLM does; a token is kept while the mass strictly above it is below top_p, so the most
-    likely token always stays.
+    The settings are host arrays, one entry per row (``top_k`` >= vocab, ``top_p`` 1.0 and
+    ``min_p`` 0.0 are off), so every decision about which work to do is taken without
+    reading the device. The nucleus and the floor are both judged on the distribution
+    after top-k, as vLLM does; a token is kept while the mass strictly above it is below
+    top_p, so the most likely token always stays.
     """
+    device = logits.device
     vocab = logits.shape[1]
     logits = logits.clone()
     k_rows = top_k < vocab
-    if bool(k_rows.any()):
+    if k_rows.any():
         k_max = int(top_k[k_rows].max())
-        kth = logits.topk(k_max, dim=-1).values.gather(1, (top_k.clamp(max=k_max) - 1)[:, None])
-        cut = k_rows[:, None] & (logits < kth)
+        k_index = torch.from_numpy(np.minimum(top_k, k_max) - 1).to(device)
+        kth = logits.topk(k_max, dim=-1).values.gather(1, k_index[:, None])
+        cut = torch.from_numpy(k_rows).to(device)[:, None] & (logits < kth)
         logits.masked_fill_(cut, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    masks = []
-    if bool((min_p > 0).any()):
-        floor = min_p[:, None] * probs.amax(dim=-1, keepdim=True)
-        masks.append(probs < floor)
-    p_rows = torch.nonzero(top_p < 1).flatten()
+    cut = torch.zeros_like(probs, dtype=torch.bool)
+    if (min_p > 0).any():
+        floor = torch.from_numpy(min_p.astype(np.float32)).to(device)[:, None]
+        cut |= probs < floor * probs.amax(dim=-1, keepdim=True)
+    p_rows = np.flatnonzero(top_p < 1)
     if len(p_rows):
-        subset = probs[p_rows]
-        width = int(top_k[p_rows].max()) if bool(k_rows[p_rows].all()) else vocab
-        values, order = subset.topk(width, dim=-1) if width < vocab else subset.sort(-1, True)
-        outside = (values.cumsum(dim=-1) - values) >= top_p[p_rows, None]
-        nucleus_cut = torch.ones_like(subset, dtype=torch.bool)
-        nucleus_cut.scatter_(1, order, outside)
-        rows_cut = torch.zeros_like(probs, dtype=torch.bool)
-        rows_cut[p_rows] = nucleus_cut
-        masks.append(rows_cut)
-    for mask in masks:
-        logits.masked_fill_(mask, float("-inf"))
-    return logits
+        rows = torch.from_numpy(p_rows).to(device)
+        subset = probs[rows]
+        # Rows that also set top-k have at most k candidates: sort only those.
+        width = int(top_k[p_rows].max()) if k_rows[p_rows].all() else vocab
+        if width < vocab:
+            values, order = subset.topk(width, dim=-1)
+        else:
+            values, order = subset.sort(dim=-1, descending=True)
+        threshold = torch.from_numpy(top_p[p_rows].astype(np.float32)).to(device)[:, None]
+        outside = (values.cumsum(dim=-1) - values) >= threshold
+        nucleus_cut = torch.ones_like(subset, dtype=torch.bool).scatter_(1, order, outside)
+        cut[rows] |= nucleus_cut
+    return logits.masked_fill_(cut, float("-inf"))
 
 
 class PenaltyCounts:

@@ -1,8 +1,11 @@
 """Turns the logits of the sampled positions into next tokens, one batched pass per step.
 
-Seeded rows draw their noise from a generator seeded with (seed, output position) alone, so
-a seeded request samples the same tokens whatever its batch mates are and however often it
-was preempted and recomputed.
+Seeded rows draw their noise from a counter-based hash of (seed, output position) alone
+(``engine.batched_sampling.counter_exponential``), so a seeded request samples the same
+tokens whatever its batch mates are and however often it was preempted, recomputed or
+resumed. Settings live in per-sequence slots of host arrays, penalties in device count
+tensors updated by one scatter per step, and the step's results (tokens and logprobs) come
+back to the host in one read.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
+from engine.batched_sampling import PenaltyCounts, counter_exponential, filter_logits
+from engine.readback import to_host
 from engine.sampling import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -48,10 +54,65 @@ def derived_seed(seed: int, index: int) -> int:
     return seed if index == 0 else (seed + index * _SEED_MIX) & _SEED_MASK
 
 
-def seeded_generator(seed: int, position: int, device: torch.device) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(((seed * _SEED_MIX) ^ (position * 0x632BE59BD9B4E019)) & _SEED_MASK)
-    return generator
+class _SlotParams:
+    """Each sequence the sampler has seen gets a slot: its sampling settings as entries of
+    host arrays, so a step gathers a column per setting instead of reading objects per row.
+    Slots are freed once their sequence has finished."""
+
+    _FIELDS = (
+        ("temperature", np.float32), ("top_k", np.int64), ("top_p", np.float32),
+        ("min_p", np.float32), ("seed", np.int64), ("seeded", bool), ("greedy", bool),
+        ("presence", np.float32), ("frequency", np.float32), ("repetition", np.float32),
+        ("penalized", bool), ("logprobs", np.int64),
+    )  # fmt: skip
+
+    def __init__(self, vocab: int, capacity: int = 64) -> None:
+        self.vocab = vocab
+        self.columns = {name: np.zeros(capacity, dtype) for name, dtype in self._FIELDS}
+        self.bias: dict[int, tuple[list[int], list[float]]] = {}
+        self.seqs: dict[int, tuple[SampledSequence, int]] = {}
+        self.free: list[int] = list(range(capacity - 1, -1, -1))
+
+    @property
+    def capacity(self) -> int:
+        return len(self.columns["temperature"])
+
+    def slot_for(self, seq: SampledSequence) -> tuple[int, bool]:
+        """The sequence's slot, and whether it was new."""
+        entry = self.seqs.get(id(seq))
+        if entry is not None and entry[0] is seq:
+            return entry[1], False
+        if not self.free:
+            self._grow()
+        slot = self.free.pop()
+        self.seqs[id(seq)] = (seq, slot)
+        p, c = seq.params, self.columns
+        c["temperature"][slot] = p.temperature if p.temperature > 0 else 1.0
+        c["top_k"][slot] = p.top_k if p.top_k > 0 else self.vocab
+        c["top_p"][slot], c["min_p"][slot] = p.top_p, p.min_p
+        c["seed"][slot] = (p.seed & _SEED_MASK) if p.seed is not None else 0
+        c["seeded"][slot], c["greedy"][slot] = p.seed is not None, p.greedy
+        c["presence"][slot], c["frequency"][slot] = p.presence_penalty, p.frequency_penalty
+        c["repetition"][slot], c["penalized"][slot] = p.repetition_penalty, p.has_penalties
+        c["logprobs"][slot] = -1 if p.logprobs is None else p.logprobs
+        self.bias.pop(slot, None)
+        if p.logit_bias:
+            self.bias[slot] = (list(p.logit_bias), list(p.logit_bias.values()))
+        return slot, True
+
+    def release_finished(self, keep: set[int]) -> None:
+        """Free the slots of finished sequences not in the current step."""
+        for key in self.seqs.keys() - keep:
+            seq, slot = self.seqs[key]
+            if getattr(seq, "is_finished", False):
+                del self.seqs[key]
+                self.free.append(slot)
+
+    def _grow(self) -> None:
+        old = self.capacity
+        for name, column in self.columns.items():
+            self.columns[name] = np.concatenate([column, np.zeros_like(column)])
+        self.free.extend(range(2 * old - 1, old - 1, -1))
 
 
 class Sampler:
@@ -62,6 +123,8 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
+        self._slots: _SlotParams | None = None
+        self._penalties: PenaltyCounts | None = None
 
     @torch.inference_mode()
     def __call__(
@@ -71,133 +134,153 @@ class Sampler:
         constrain: Callable[[torch.Tensor], None] | None = None,
     ) -> SamplerOutput:
         """``constrain`` masks forbidden tokens in place (grammars); logprobs are taken from
-        the model's raw distribution before it, as vLLM does."""
-        params = [seq.params for seq in seqs]
+        the model's raw distribution before it, as vLLM does. One device-to-host read."""
+        vocab = logits.shape[1]
+        if self._slots is None or self._slots.vocab != vocab:
+            self._slots, self._penalties = _SlotParams(vocab), None
+        slots_state = self._slots
+        slots_state.release_finished({id(seq) for seq in seqs})
+        # The one pass over the step's sequences: everything after it is array maths.
+        info = np.array(
+            [(*slots_state.slot_for(seq), len(seq.token_ids) - seq.num_prompt_tokens)
+             for seq in seqs],
+            dtype=np.int64,
+        ).reshape(-1, 3)  # fmt: skip
+        slots, joined, positions = info[:, 0], info[:, 1].astype(bool), info[:, 2]
+        column = {name: values[slots] for name, values in slots_state.columns.items()}
         logits = logits.float()
-        raw_logprobs = (
-            torch.log_softmax(logits, dim=-1)
-            if any(p.logprobs is not None for p in params)
-            else None
-        )
+        want_logprobs = column["logprobs"] >= 0
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs.any() else None
         if constrain is not None:
             constrain(logits)
-        if any(p.has_penalties or p.logit_bias for p in params):
-            logits = logits.clone()
-            for row, seq in enumerate(seqs):
-                if seq.params.has_penalties:
-                    _apply_penalties(logits[row], seq)
-                if seq.params.logit_bias:
-                    _apply_logit_bias(logits[row], seq.params.logit_bias)
+        if column["penalized"].any():
+            logits = self._penalize(logits, seqs, slots, joined, column)
+        biased = [row for row, slot in enumerate(slots) if int(slot) in slots_state.bias]
+        if biased:
+            logits = self._add_bias(logits, biased, slots)
 
-        greedy_tokens = logits.argmax(dim=-1)
-        if all(p.greedy for p in params):
-            tokens = greedy_tokens
-        else:
-            tokens = self._sample_random(logits, seqs, greedy_tokens)
-        token_ids = tokens.tolist()
-        return SamplerOutput(token_ids, _gather_logprobs(raw_logprobs, params, token_ids))
+        tokens = logits.argmax(dim=-1)
+        if not column["greedy"].all():
+            tokens = self._sample_random(logits, tokens, column, positions)
+        if self._penalties is not None and column["penalized"].any():
+            rows = np.flatnonzero(column["penalized"])
+            self._penalties.add_tokens(
+                torch.from_numpy(slots[rows]).to(self.device),
+                tokens[torch.from_numpy(rows).to(self.device)],
+            )
+        if raw_logprobs is None:
+            return SamplerOutput(to_host(tokens), [None] * len(seqs))
+        return _with_logprobs(raw_logprobs, tokens, column["logprobs"])
+
+    def _penalize(
+        self,
+        logits: torch.Tensor,
+        seqs: SequenceOf[SampledSequence],
+        slots: np.ndarray,
+        joined: np.ndarray,
+        column: dict[str, np.ndarray],
+    ) -> torch.Tensor:
+        state = self._slots
+        assert state is not None
+        if self._penalties is None or self._penalties.counts.shape[0] < state.capacity:
+            grown = PenaltyCounts(state.capacity, logits.shape[1], logits.device)
+            if self._penalties is not None:
+                old = self._penalties.counts.shape[0]
+                grown.counts[:old], grown.seen[:old] = self._penalties.counts, self._penalties.seen
+            self._penalties = grown
+        rows = np.flatnonzero(column["penalized"])
+        # A sequence new to the sampler brings its history once (a resumed request's
+        # outputs, a recomputed one's); from then on each step adds its one token.
+        for row in np.flatnonzero(column["penalized"] & joined):
+            seq = seqs[row]
+            self._penalties.reset_row(
+                int(slots[row]),
+                seq.token_ids[: seq.num_prompt_tokens],
+                seq.token_ids[seq.num_prompt_tokens :],
+            )
+
+        def col(name: str) -> torch.Tensor:
+            return torch.from_numpy(column[name][rows]).to(logits.device)
+
+        index = torch.from_numpy(rows).to(logits.device)
+        logits = logits.clone()
+        logits[index] = self._penalties.apply(
+            logits[index],
+            torch.from_numpy(slots[rows]).to(logits.device),
+            col("presence"),
+            col("frequency"),
+            col("repetition"),
+        )
+        return logits
+
+    def _add_bias(self, logits: torch.Tensor, rows: list[int], slots: np.ndarray) -> torch.Tensor:
+        state = self._slots
+        assert state is not None
+        row_index: list[int] = []
+        token_index: list[int] = []
+        values: list[float] = []
+        for row in rows:
+            ids, bias = state.bias[int(slots[row])]
+            row_index += [row] * len(ids)
+            token_index += ids
+            values += bias
+        device = logits.device
+        return logits.index_put(
+            (torch.tensor(row_index, device=device), torch.tensor(token_index, device=device)),
+            torch.tensor(values, device=device, dtype=logits.dtype),
+            accumulate=True,
+        )
 
     def _sample_random(
-        self, logits: torch.Tensor, seqs: SequenceOf[SampledSequence], greedy: torch.Tensor
+        self,
+        logits: torch.Tensor,
+        greedy_tokens: torch.Tensor,
+        column: dict[str, np.ndarray],
+        positions: np.ndarray,
     ) -> torch.Tensor:
-        params = [seq.params for seq in seqs]
-        temperatures = torch.tensor(
-            [p.temperature if p.temperature > 0 else 1.0 for p in params],
-            device=logits.device,
-            dtype=logits.dtype,
-        )
-        logits = logits / temperatures[:, None]
-        if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
-            logits = _filter_top_k_top_p_min_p(logits, params)
+        device = logits.device
+        logits = logits / torch.from_numpy(column["temperature"]).to(device)[:, None]
+        vocab = logits.shape[1]
+        if (
+            (column["top_k"] < vocab).any()
+            or (column["top_p"] < 1).any()
+            or (column["min_p"] > 0).any()
+        ):
+            logits = filter_logits(logits, column["top_k"], column["top_p"], column["min_p"])
         probs = torch.softmax(logits, dim=-1)
-        # argmax(p / E) with E ~ Exp(1) is an exact draw from p (the exponential race) and
-        # lets each row take its noise from its own generator.
-        noise = torch.empty_like(probs)
-        unseeded = [row for row, p in enumerate(params) if p.seed is None]
-        if unseeded:
-            noise[unseeded] = torch.empty(
-                len(unseeded), probs.shape[1], device=probs.device, dtype=probs.dtype
-            ).exponential_(generator=self.generator)
-        for row, seq in enumerate(seqs):
-            seed = seq.params.seed
-            if seed is not None:
-                position = len(seq.token_ids) - seq.num_prompt_tokens
-                noise[row].exponential_(generator=seeded_generator(seed, position, probs.device))
+        # argmax(p / E) with E ~ Exp(1) is an exact draw from p (the exponential race).
+        # Seeded rows take E from (seed, output position) alone, unseeded ones from the
+        # engine's generator.
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        seeded = np.flatnonzero(column["seeded"])
+        if len(seeded):
+            noise[torch.from_numpy(seeded).to(device)] = counter_exponential(
+                torch.from_numpy(column["seed"][seeded]).to(device),
+                torch.from_numpy(positions[seeded]).to(device),
+                vocab,
+            )
         sampled = (probs / noise).argmax(dim=-1)
-        is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        return torch.where(is_greedy, greedy, sampled)
+        return torch.where(torch.from_numpy(column["greedy"]).to(device), greedy_tokens, sampled)
 
 
-def _apply_penalties(logits: torch.Tensor, seq: SampledSequence) -> None:
-    """OpenAI presence/frequency penalties on generated tokens; the CTRL-style repetition
-    penalty on every token seen (prompt and output), as vLLM and transformers do."""
-    p = seq.params
-    vocab = logits.shape[0]
-    outputs = torch.tensor(
-        seq.token_ids[seq.num_prompt_tokens :], device=logits.device, dtype=torch.long
-    )
-    if p.presence_penalty or p.frequency_penalty:
-        counts = torch.bincount(outputs, minlength=vocab)[:vocab].to(logits.dtype)
-        logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-    if p.repetition_penalty != 1:
-        seen = torch.tensor(sorted(set(seq.token_ids)), device=logits.device, dtype=torch.long)
-        seen = seen[seen < vocab]
-        values = logits[seen]
-        logits[seen] = torch.where(
-            values > 0, values / p.repetition_penalty, values * p.repetition_penalty
-        )
-
-
-def _apply_logit_bias(logits: torch.Tensor, bias: dict[int, float]) -> None:
-    ids = torch.tensor(list(bias), device=logits.device, dtype=torch.long)
-    logits.index_add_(0, ids, torch.tensor(list(bias.values()), device=logits.device))
-
-
-def _filter_top_k_top_p_min_p(
-    logits: torch.Tensor, params: SequenceOf[SamplingParams]
-) -> torch.Tensor:
-    """Mask (to -inf) every token outside each row's top-k, top-p nucleus and min-p floor."""
-    vocab = logits.shape[1]
-    device = logits.device
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-    ranks = torch.arange(vocab, device=device)
-    sorted_logits.masked_fill_(ranks[None, :] >= top_k[:, None], float("-inf"))
-
-    probs = torch.softmax(sorted_logits, dim=-1)
-    top_p = torch.tensor([p.top_p for p in params], device=device, dtype=probs.dtype)
-    # A token is kept while the mass before it is below top_p, so the first one always stays.
-    outside_nucleus = (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
-    min_p = torch.tensor([p.min_p for p in params], device=device, dtype=probs.dtype)
-    below_floor = probs < (min_p[:, None] * probs[:, :1])
-    sorted_logits.masked_fill_(outside_nucleus | below_floor, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
-
-
-def _gather_logprobs(
-    raw_logprobs: torch.Tensor | None,
-    params: SequenceOf[SamplingParams],
-    token_ids: list[int],
-) -> list[TokenLogprobs | None]:
-    """The sampled token's logprob and each row's top k, for every row in one gather and one
-    top-k over the batch (one device-to-host copy)."""
-    if raw_logprobs is None:
-        return [None] * len(params)
-    device = raw_logprobs.device
-    sampled = raw_logprobs.gather(1, torch.tensor(token_ids, device=device)[:, None])[:, 0]
-    k = max(p.logprobs or 0 for p in params)
-    sampled_list = sampled.tolist()
-    top_values: list[list[float]] = [[] for _ in params]
-    top_ids: list[list[int]] = [[] for _ in params]
+def _with_logprobs(
+    raw_logprobs: torch.Tensor, tokens: torch.Tensor, wanted: np.ndarray
+) -> SamplerOutput:
+    """Tokens, each sampled token's logprob and every row's top alternatives, packed into
+    one tensor so the step reads the device once."""
+    k = int(np.amax(wanted))
+    parts = [tokens[:, None].double(), raw_logprobs.gather(1, tokens[:, None]).double()]
     if k > 0:
         values, indices = raw_logprobs.topk(k, dim=-1)
-        top_values, top_ids = values.tolist(), indices.tolist()
-    result: list[TokenLogprobs | None] = []
-    for row, (p, token) in enumerate(zip(params, token_ids, strict=True)):
-        if p.logprobs is None:
-            result.append(None)
+        parts += [indices.double(), values.double()]
+    rows = to_host(torch.cat(parts, dim=1))
+    token_ids = [int(row[0]) for row in rows]
+    logprobs: list[TokenLogprobs | None] = []
+    for row, n in zip(rows, map(int, wanted), strict=True):
+        if n < 0:
+            logprobs.append(None)
             continue
-        n = p.logprobs
-        top = list(zip(top_ids[row][:n], top_values[row][:n], strict=True))
-        result.append(TokenLogprobs(token, sampled_list[row], top))
-    return result
+        ids, values = row[2 : 2 + k], row[2 + k :]
+        top = [(int(ids[i]), values[i]) for i in range(n)]
+        logprobs.append(TokenLogprobs(int(row[0]), row[1], top))
+    return SamplerOutput(token_ids, logprobs)

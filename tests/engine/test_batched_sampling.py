@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -31,9 +32,9 @@ def test_filter_matches_the_sorting_definition(seed: int) -> None:
     logits = torch.randn(6, VOCAB, generator=generator) * 3
     settings = [(VOCAB, 1.0, 0.0), (5, 1.0, 0.0), (VOCAB, 0.7, 0.0), (40, 0.9, 0.0),
                 (VOCAB, 1.0, 0.2), (17, 0.5, 0.05)]  # fmt: skip
-    top_k = torch.tensor([s[0] for s in settings])
-    top_p = torch.tensor([s[1] for s in settings])
-    min_p = torch.tensor([s[2] for s in settings])
+    top_k = np.array([s[0] for s in settings])
+    top_p = np.array([s[1] for s in settings])
+    min_p = np.array([s[2] for s in settings])
     got = filter_logits(logits, top_k, top_p, min_p)
     for row, (k, p, m) in enumerate(settings):
         assert torch.equal(got[row].isinf(), sorted_filter(logits[row], k, p, m).isinf()), row

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.batched_sampling import PenaltyCounts
 from engine.sampler import Sampler
 from engine.sequence import Sequence
 
@@ -123,15 +124,21 @@ def test_presence_frequency_and_repetition_penalties() -> None:
     # token 4 (3.0) is untouched and stays the argmax
     assert greedy_logits(params).token_ids == [4]
 
-    from engine.sampler import _apply_penalties
+    def penalized(params: SamplingParams) -> torch.Tensor:
+        counts = PenaltyCounts(1, 5, torch.device("cpu"))
+        counts.reset_row(0, history[:1], history[1:])
+        return counts.apply(
+            logits.clone(),
+            torch.tensor([0]),
+            torch.tensor([params.presence_penalty]),
+            torch.tensor([params.frequency_penalty]),
+            torch.tensor([params.repetition_penalty]),
+        )[0]
 
-    row = logits[0].clone()
-    _apply_penalties(row, seq(params, history, prompt_len=1))
+    row = penalized(params)
     assert torch.allclose(row, torch.tensor([1.0, 2.0 - 1.5 - 1.0, -1.0 - 1.5 - 0.5, 0.5, 3.0]))
 
-    row = logits[0].clone()
-    repetition = SamplingParams(repetition_penalty=2.0)
-    _apply_penalties(row, seq(repetition, history, prompt_len=1))
+    row = penalized(SamplingParams(repetition_penalty=2.0))
     # seen tokens 1, 2, 3 (prompt included): positive logits halve, negative ones double
     assert torch.allclose(row, torch.tensor([1.0, 1.0, -2.0, 0.25, 3.0]))
 
