@@ -19,6 +19,8 @@ Redis Cluster keeps a model's streams on one slot):
 - heartbeats: ``sg:hb:{<model>}:<worker>`` an expiring key holding the Heartbeat, and the set
   ``sg:{<model>}:workers`` of worker ids that ever announced themselves (pruned when drained)
 - prefix map: ``sg:{<model>}:aff:<hash>``  gateway-side prefix hash -> worker id, short TTL
+- produced:   ``sg:produced:{<request_id>}``  tokens a request produced so far (see
+  ``produced_key``), refreshed about twice a second and when it ends
 """
 
 from __future__ import annotations
@@ -58,6 +60,24 @@ def worker_stream(model: str, worker_id: str) -> str:
 
 def started_key(model: str, request_id: str) -> str:
     return f"sg:{{{model}}}:started:{request_id}"
+
+
+MAX_RESUMES = 3
+"""Resumptions of one request after worker deaths: one that kills every worker it lands on
+must stop."""
+
+
+def attempt_id(request_id: str, attempt: int) -> str:
+    """The engine request id of a gateway request's ``attempt``-th resumption (0: the first)."""
+    return f"{request_id}.r{attempt}" if attempt else request_id
+
+
+def produced_key(request_id: str) -> str:
+    """What the engine produced for one engine request, kept by the worker for a while so a
+    gateway replica can settle the usage of a request whose own replica died: a hash with
+    ``p`` (prompt tokens), ``n`` (output tokens, resumed ones included), ``m`` (model) and
+    ``d`` (1 once the request ended)."""
+    return f"sg:produced:{{{request_id}}}"
 
 
 def worker_registry(model: str) -> str:

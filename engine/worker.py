@@ -44,6 +44,8 @@ WORKER_VERSION = "0.1.0"
 _REPLY_TTL_S = 120
 _REPLY_MAXLEN = 100_000
 _STARTED_TTL_S = 3600
+_PRODUCED_EVERY_S = 0.5
+_PRODUCED_TTL_S = 600
 
 
 @dataclass
@@ -72,6 +74,7 @@ class _InFlight:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     last_delta_at: float = 0.0
+    produced_at: float = 0.0
 
 
 @dataclass
@@ -127,6 +130,8 @@ class Worker:
         """Entries answered (or dropped) whose XACK is not written yet: still vouched for, or
         another worker would take over a request this one already answered."""
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._produced: dict[str, dict[str, Any]] = {}
+        """Produced-token records due to be written (``protocol.produced_key``)."""
         self.liveness = LivenessThread(
             options.redis_url,
             model,
@@ -438,6 +443,9 @@ class Worker:
         finish_reason = getattr(output, "finish_reason", None)
         item.prompt_tokens = _prompt_tokens(output, item.prompt_tokens)
         item.completion_tokens += len(token_ids)
+        if finish_reason is not None or now - item.produced_at >= _PRODUCED_EVERY_S:
+            item.produced_at = now
+            self._note_produced(item, done=finish_reason is not None)
         if token_ids:
             self.metrics.generation_tokens.inc(len(token_ids))
             self._tokens_per_second[int(now)] += len(token_ids)
@@ -505,8 +513,19 @@ class Worker:
             )
         )
 
+    def _note_produced(self, item: _InFlight, *, done: bool) -> None:
+        resumed = len(item.request.resume_token_ids or ())
+        self._produced[item.request.request_id] = {
+            "p": item.prompt_tokens,
+            "n": resumed + item.completion_tokens,
+            "m": self.options.model_name,
+            "d": int(done),
+        }
+
     def _fail(self, item: _InFlight, code: protocol.ErrorCode, message: str) -> None:
         self.in_flight.pop(item.request.request_id, None)
+        if item.completion_tokens:
+            self._note_produced(item, done=True)
         error = protocol.Error(
             request_id=item.request.request_id,
             code=code,
@@ -575,12 +594,20 @@ class Worker:
             if now - self._expired_at.get(reply_to, 0.0) > _REPLY_TTL_S / 10:
                 pipe.expire(reply_to, _REPLY_TTL_S)
                 refreshed.append(reply_to)
+        produced, self._produced = self._produced, {}
+        for request_id, record in produced.items():
+            pipe.hset(protocol.produced_key(request_id), mapping=record)
+            pipe.expire(protocol.produced_key(request_id), _PRODUCED_TTL_S)
         for write in batch:
             if write.ack:
                 stream, entry_id = write.ack
                 pipe.xack(stream, protocol.REQUEST_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
-        await pipe.execute()
+        try:
+            await pipe.execute()
+        except (RedisError, OSError):
+            self._produced = {**produced, **self._produced}  # newer records win
+            raise
         for write in batch:
             if write.ack:
                 self._unacked.pop(write.ack, None)

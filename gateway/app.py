@@ -36,6 +36,7 @@ from gateway.body import check_body
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import DatabaseSpend
 from gateway.errors import EXCEPTION_HANDLERS
+from gateway.leases import LeaseBook
 from gateway.limits import RateLimiter
 from gateway.pricing import PriceBook, prices_from_config
 from gateway.routing import Router
@@ -104,6 +105,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         flusher = (
             UsageFlusher(redis, sessionmaker, settings) if settings.run_usage_flusher else None
         )
+        recorder = UsageRecorder(redis, settings)
+        leases = LeaseBook(redis, settings, limiter, recorder)
         app.state.update(
             settings=settings,
             redis=redis,
@@ -117,8 +120,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 settings=settings,
                 router=router,
                 limiter=limiter,
-                recorder=UsageRecorder(redis, settings),
+                recorder=recorder,
                 redis=redis,
+                leases=leases,
             ),
         )
         metrics_server = serve_metrics(settings) if settings.metrics_port else None
@@ -129,9 +133,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await key_cache.start()
         if flusher is not None:
             await flusher.start()
+        await leases.start()
         try:
             yield
         finally:
+            await leases.stop()
             if flusher is not None:
                 await flusher.stop()
             await key_cache.stop()

@@ -40,6 +40,7 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
+from gateway.leases import lease_for
 from gateway.limits import Admission
 from gateway.providers.base import ProviderError
 from gateway.routing import Deployment, ModelRoute
@@ -219,6 +220,16 @@ async def admit(
         body.traceparent = current_traceparent()
     body.request_id = request_id
     body.deadline = time.time() + services.settings.request_timeout_s
+    if services.leases is not None:
+        started = state["started"]
+        await services.leases.open(
+            lease_for(
+                admission,
+                model=body.model,
+                prompt_estimate=prompt_estimate,
+                started_at=time.time() - (time.perf_counter() - started),
+            )
+        )
     return Call(
         services=services,
         key=key,
@@ -289,6 +300,14 @@ class Call:
             self.prompt_tokens = chunk.prompt_tokens
         if chunk.usage is not None:
             self.usage = chunk.usage
+        if self.services.leases is not None:
+            self.services.leases.progress(
+                self.request_id,
+                prompt_tokens=self.prompt_tokens,
+                delivered_tokens=self.delivered_tokens,
+                first_token=True,
+                deployment=self.deployment.name if self.deployment else None,
+            )
 
     # ---- answering -------------------------------------------------------------------------
 

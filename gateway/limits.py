@@ -58,7 +58,8 @@ _REJECTION_REASONS = {
 ADMIT_LUA = """
 -- ARGV: now, window start, window length, tokens, cost (micros), member, slot ttl, scope count,
 -- then per scope: rpm, tpm, parallel, token budget, money budget, budget ttl (-1 = no limit).
--- KEYS per scope (7): req cur, req prev, tok cur, tok prev, slots, token budget, money budget.
+-- KEYS per scope (7): req cur, req prev, tok cur, tok prev, slots, token budget, money budget;
+-- then, optionally, the reservation's held marker (see SETTLE_LUA).
 local now = tonumber(ARGV[1])
 local elapsed = now - tonumber(ARGV[2])
 local win = tonumber(ARGV[3])
@@ -157,6 +158,9 @@ for s = 0, scopes - 1 do
   table.insert(out, math.floor(math.max(0, tpm - st.tok_used)))
   table.insert(out, math.floor(drain(st.tok_cur, st.tok_prev) * 1000))
 end
+if code == 0 and #KEYS > 7 * scopes then
+  redis.call('set', KEYS[#KEYS], '1', 'EX', math.ceil(slot_ttl))
+end
 return out
 """
 
@@ -171,9 +175,15 @@ return #KEYS
 
 SETTLE_LUA = """
 -- ARGV: token delta, cost delta, member. KEYS per scope (4): tok cur, token budget,
--- money budget, slots. A counter gone meanwhile is re-seeded from the database later.
+-- money budget, slots; then, optionally, the held marker. A counter gone meanwhile is
+-- re-seeded from the database later.
 local tokens, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
-for s = 0, #KEYS / 4 - 1 do
+local scopes = math.floor(#KEYS / 4)
+if #KEYS > 4 * scopes and redis.call('del', KEYS[#KEYS]) == 0 then
+  -- Settled already (by the serving replica or a lease reaper): only free the slots.
+  tokens, cost = 0, 0
+end
+for s = 0, scopes - 1 do
   local base = 4 * s
   if tokens ~= 0 then
     if redis.call('exists', KEYS[base + 1]) == 1 then redis.call('incrby', KEYS[base + 1], tokens) end
@@ -186,6 +196,9 @@ for s = 0, #KEYS / 4 - 1 do
 end
 return 1
 """
+"""Settles once: the held marker written at admission goes with the first settle, so when the
+serving replica and a lease reaper (``gateway.leases``) both settle a request, the counters
+are corrected once."""
 
 SEED_ATTEMPTS = 3
 
@@ -354,6 +367,7 @@ class RateLimiter:
             for index in range(len(scopes)):
                 base = 7 * index
                 settle_keys += [keys[base + 2], keys[base + 5], keys[base + 6], keys[base + 4]]
+            settle_keys.append(keys[-1])
             return Admission(
                 key.id,
                 request_id,
@@ -405,7 +419,8 @@ class RateLimiter:
                 _limit(scope.max_budget_micros),
                 budget_ttl,
             ]
-        return keys, args
+        held = f"{scope_tag('key', key.id, team_id)}:held:{request_id}"
+        return [*keys, held], args
 
     async def _seed(self, key: KeyLimits, keys: list[str], missing: list[int], now: float) -> None:
         """Restores missing budget counters from the period's committed usage in PostgreSQL."""

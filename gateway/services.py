@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from engine.tracing import tracing_enabled
 from gateway.auth import provide_api_key
+from gateway.leases import LeaseBook
 from gateway.limits import RateLimiter
 from gateway.routing import Router
 from gateway.settings import Settings
@@ -43,6 +44,7 @@ class Services:
     recorder: UsageRecorder
     redis: Redis
     started_at: int = field(default_factory=lambda: int(time.time()))
+    leases: LeaseBook | None = None
 
 
 async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:

@@ -90,6 +90,9 @@ class Settings:
     worker_heartbeat_ttl_s: float = 5.0
     resume_timeout_s: float = 30.0
     """How long a stream whose engine worker died waits for another worker to take it over."""
+    lease_s: float = 10.0
+    """A replica that has not renewed its requests' leases for this long is taken for dead;
+    any other replica then settles them (usage, reservation, concurrency slot)."""
     otel_capture_content: bool = False
     """Put prompts and completions into spans; off unless explicitly enabled."""
     currency: str = "USD"

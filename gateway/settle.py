@@ -51,7 +51,9 @@ async def settle(call: Call) -> None:
         pipe = services.redis.pipeline(transaction=False)
         pipe.execute_command(*services.limiter.settle_command(call.admission, billed_total, cost))
         services.recorder.record_in(pipe, event)
-        settled, recorded = await pipe.execute(raise_on_error=False)
+        if services.leases is not None:
+            services.leases.close_in(pipe, call.request_id)
+        settled, recorded, *_ = await pipe.execute(raise_on_error=False)
         if isinstance(recorded, Exception):
             logger.error("usage of %s not recorded: %s", call.request_id, recorded)
         if isinstance(settled, Exception):

@@ -38,8 +38,6 @@ _AFFINITY_TTL_S = 600
 _AFFINITY_SLACK = 4
 """How many more queued requests the prefix-holding worker may have than the least busy one."""
 _LIVENESS_CHECK_S = 1.0
-_MAX_RESUMES = 3
-"""Resumptions of one stream: a request that kills every worker it lands on must stop."""
 _LOST_MESSAGE = "The engine worker serving this request was lost."
 
 _ERRORS: dict[str, tuple[int, str]] = {
@@ -198,7 +196,7 @@ class EngineProvider:
         the client's error when it cannot be resumed."""
         if (
             message.n > 1  # the choices' tokens interleave; one resume list cannot hold them
-            or call.attempts >= _MAX_RESUMES
+            or call.attempts >= protocol.MAX_RESUMES
             or call.delivered >= message.sampling.max_tokens
         ):
             raise call.error(502, "worker_lost", str(lost))
@@ -213,7 +211,7 @@ class EngineProvider:
         )
         return msgspec.structs.replace(
             message,
-            request_id=f"{call.request_id}.r{call.attempts}",
+            request_id=protocol.attempt_id(call.request_id, call.attempts),
             resume_token_ids=list(call.token_ids),
             resume_text_chars=call.shown_chars,
         )

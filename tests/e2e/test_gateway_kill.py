@@ -1,0 +1,113 @@
+"""A gateway replica SIGKILLed mid-stream: another replica settles what it was serving.
+
+Two gateway processes share Redis, PostgreSQL and the usage stream; a real worker serves.
+The stream runs on replica A, which is killed once the client has seen text. Within
+``lease_s + 5`` seconds replica B's reaper has written the usage row (the prompt once, and
+the tokens A had relayed by its last lease renewal: at least what the client saw, at most
+max_tokens), freed the key's concurrency slot and given back the unused reservation.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+pytestmark = pytest.mark.timeout(240)
+
+LEASE_S = 3.0
+MAX_TOKENS = 400
+PROMPT = "Story number 7 about a river."
+
+
+def _stream_until_text(base_url: str, api_key: str, model: str) -> tuple[str, str]:
+    """Start a stream, read until some text arrived; (request id, text seen). The connection
+    stays open (the caller kills the gateway under it)."""
+    client = httpx.Client(timeout=60)
+    request = client.build_request(
+        "POST",
+        f"{base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {api_key}"},
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "stream": True,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "ignore_eos": True,
+        },
+    )
+    response = client.send(request, stream=True)
+    assert response.status_code == 200, response.read()
+    text = ""
+    for line in response.iter_lines():
+        if not line.startswith("data: {"):
+            continue
+        for choice in json.loads(line[6:])["choices"]:
+            text += choice["delta"].get("content") or ""
+        if len(text) >= 8:
+            break
+    return response.headers["x-request-id"], text
+
+
+def test_killed_gateways_stream_is_settled_by_the_survivor(
+    cluster: Any,
+    e2e_database_url: str,
+    redis_url: str,
+    reference: Any,
+    tools: SimpleNamespace,
+) -> None:
+    model = tools.model_name("e2e-gwkill")
+    cluster.worker(model, redis_url)
+    shared = {"usage_stream": f"sg:usage:e2e:{uuid.uuid4().hex[:8]}", "lease_s": str(LEASE_S)}
+    victim = cluster.gateway(e2e_database_url, redis_url, **shared)
+    survivor = cluster.gateway(e2e_database_url, redis_url, **shared)
+    victim_url = f"http://127.0.0.1:{victim.port}"
+    key, key_id = tools.create_key(
+        victim_url, f"e2e-gwkill-{uuid.uuid4().hex[:6]}", max_parallel_requests=1,
+        token_budget=1_000_000,
+    )  # fmt: skip
+    gateway = tools.Gateway(survivor, e2e_database_url, key, key_id)
+    gateway.wait_model(model)
+    tools.Gateway(victim, e2e_database_url, key, key_id).wait_model(model)
+
+    request_id, seen = _stream_until_text(victim_url, key, model)
+    victim.stop(signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    rows: list[dict[str, Any]] = []
+
+    def settled() -> bool:
+        nonlocal rows
+        rows = gateway.usage_rows([request_id])
+        return bool(rows)
+
+    tools.wait_until(settled, LEASE_S + 5, "the killed replica's usage row", interval=0.2)
+    took = time.monotonic() - killed_at
+    want = reference.chat(PROMPT, MAX_TOKENS)
+    (row,) = rows
+    assert row["prompt_tokens"] == len(want.prompt_token_ids)
+    shown = reference.tokens_shown(want, seen)
+    assert shown <= row["completion_tokens"] <= MAX_TOKENS, (shown, row, took)
+    assert row["status"] == "error"
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert client.zcard(f"sg:rl:{{{key_id}}}:slots") == 0
+        budget_used = int(client.get(f"sg:rl:{{{key_id}}}:b:all") or 0)
+        assert budget_used == row["prompt_tokens"] + row["completion_tokens"]
+    finally:
+        client.close()
+
+    # The slot is free: the key (one request at a time) is served again, by the survivor.
+    answer = gateway.openai(max_retries=0, timeout=60).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=4
+    )
+    assert answer.usage.completion_tokens == 4
