@@ -39,6 +39,8 @@ _AFFINITY_SLACK = 4
 """How many more queued requests the prefix-holding worker may have than the least busy one."""
 _LIVENESS_CHECK_S = 1.0
 _LOST_MESSAGE = "The engine worker serving this request was lost."
+_TRANSPORT_GRACE_S = 10.0
+"""How long a stream that already showed text waits for Redis to come back."""
 
 _ERRORS: dict[str, tuple[int, str]] = {
     "context_length_exceeded": (400, "context_length_exceeded"),
@@ -270,7 +272,9 @@ class EngineProvider:
                 item = queue.get_nowait()
                 quiet_since = now
             if item is TRANSPORT_DOWN:
-                raise call.error(503, "service_unavailable", "Lost the connection to Redis.")
+                self._transport_down(call)
+                continue
+            call.transport_down_since = None
             if isinstance(item, protocol.Error):
                 if item.code == "worker_lost" and call.shown:
                     raise _WorkerLost(item.message)
@@ -291,8 +295,11 @@ class EngineProvider:
             return
         try:
             workers = await self.live_workers()
-        except (RedisError, OSError, TimeoutError) as exc:
-            raise call.error(503, "service_unavailable", f"Redis is unavailable: {exc}") from exc
+            if not call.attempt_shown and call.entry is not None:
+                await self._check_queued(call)
+        except (RedisError, OSError, TimeoutError):
+            self._transport_down(call)
+            return
         if call.attempt_shown and call.worker_id not in workers:
             raise _WorkerLost(_LOST_MESSAGE)
         if not call.shown and not workers:
@@ -301,6 +308,26 @@ class EngineProvider:
                 "no_worker_available",
                 f"No engine worker is serving model '{self.model}' right now.",
             )
+
+    def _transport_down(self, call: _Call) -> None:
+        """Redis is unreachable. A stream already showing text waits a while for it (the worker
+        keeps generating and retries its writes, so nothing is lost when Redis returns); one
+        that showed nothing fails at once, and can be retried elsewhere."""
+        now = time.monotonic()
+        if call.transport_down_since is None:
+            call.transport_down_since = now
+        if not call.shown or now - call.transport_down_since > _TRANSPORT_GRACE_S:
+            raise call.error(503, "service_unavailable", "Lost the connection to Redis.")
+
+    async def _check_queued(self, call: _Call) -> None:
+        """A request no worker answered yet must still be in its stream (workers delete an
+        entry only once its request ended); gone means Redis restarted empty: submit again."""
+        assert call.entry is not None
+        stream, entry_id = call.entry
+        async with asyncio.timeout(_REDIS_TIMEOUT_S):
+            entries = await self._redis.xrange(stream, entry_id, entry_id)
+        if not entries:
+            raise _WorkerLost("The queued request was lost (Redis restarted); submitted again.")
 
     async def _pick_stream(self, hashes: list[int], workers: dict[str, protocol.Heartbeat]) -> str:
         shared = protocol.request_stream(self.model)
@@ -397,6 +424,7 @@ class _Call:
         self.attempts = 0
         """Resumptions so far (each one a new engine request id)."""
         self.attempt_shown = False
+        self.transport_down_since: float | None = None
         self._base = (0, 0)
         """(delivered, unshown) when the current attempt began."""
 

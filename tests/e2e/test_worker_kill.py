@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(400)
 
 NUM_REQUESTS = 20
 MAX_TOKENS = 64
@@ -107,8 +107,8 @@ def test_sigkilled_worker_streams_resume_on_the_survivor(
     assert "took over request" in survivor.log(), "the victim held requests nobody took over"
     assert "resuming" in gateway.process.log(), "no stream was mid-way when the victim died"
 
-    for i, r in enumerate(results):
-        want = reference.chat(_prompt(i), MAX_TOKENS)
+    wants = [reference.chat(_prompt(i), MAX_TOKENS) for i in range(NUM_REQUESTS)]
+    for i, (r, want) in enumerate(zip(results, wants, strict=True)):
         assert r["finish"] == "length"
         assert r["text"] == want.text, (i, r["text"], want.text)
         assert r["usage"].completion_tokens == MAX_TOKENS
@@ -119,12 +119,8 @@ def test_sigkilled_worker_streams_resume_on_the_survivor(
         r["request_id"]: (r["status"], r["prompt_tokens"], r["completion_tokens"]) for r in rows
     }
     want_billed = {
-        r["request_id"]: (
-            "ok",
-            len(reference.chat(_prompt(i), MAX_TOKENS).prompt_token_ids),
-            MAX_TOKENS,
-        )
-        for i, r in enumerate(results)
+        r["request_id"]: ("ok", len(want.prompt_token_ids), MAX_TOKENS)
+        for r, want in zip(results, wants, strict=True)
     }
     assert {rid: billed.get(rid) for rid in want_billed} == want_billed
 

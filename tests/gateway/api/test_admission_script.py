@@ -148,3 +148,22 @@ def test_a_team_keys_counters_and_the_teams_share_one_cluster_slot(redis: Redis)
     assert all(name.startswith(f"sg:rl:{{{team.id}}}:") for name in keys)
     assert keys[6].startswith(f"sg:rl:{{{team.id}}}:k:{key.id}:m:")
     assert keys[13].startswith(f"sg:rl:{{{team.id}}}:team:m:")
+
+
+async def test_a_reservation_settled_twice_is_corrected_once(redis: Redis) -> None:
+    """The serving replica and a lease reaper may both settle one request: the held marker
+    booked at admission lets only the first settle move the counters (both free the slot)."""
+    tag = f"sg:rl:{{{uuid.uuid4().hex}}}"
+    keys = [*_keys(tag), f"{tag}:held:a"]
+    await redis.set(keys[5], 0)
+    args = [61.0, 60.0, 60, 60, 0, "a", 30, 1, -1, 100, 2, 1000, -1, 3600]
+    assert (await redis.eval(ADMIT_LUA, len(keys), *keys, *args))[0] == 0
+    assert await redis.exists(keys[7])
+    settle = [keys[2], keys[5], keys[6], keys[4], keys[7]]
+    await redis.eval(SETTLE_LUA, len(settle), *settle, 15 - 60, 0, "a")
+    await redis.eval(SETTLE_LUA, len(settle), *settle, 20 - 60, 0, "a")
+    assert int(await redis.get(keys[2])) == 15
+    assert int(await redis.get(keys[5])) == 15
+    assert await redis.zcard(keys[4]) == 0
+    assert not await redis.exists(keys[7])
+    await redis.delete(*keys)
