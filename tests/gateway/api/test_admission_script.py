@@ -143,7 +143,8 @@ def test_a_team_keys_counters_and_the_teams_share_one_cluster_slot(redis: Redis)
         team=team,
     )
     keys, _ = RateLimiter(redis, slot_ttl_s=1)._admission_call(key, "r", 10, 20, time.time())
-    assert len(keys) == 14
+    assert len(keys) == 15  # seven per scope, then the reservation's held marker
+    assert keys[14] == f"sg:rl:{{{team.id}}}:k:{key.id}:held:r"
     assert len({key_slot(name.encode()) for name in keys}) == 1
     assert all(name.startswith(f"sg:rl:{{{team.id}}}:") for name in keys)
     assert keys[6].startswith(f"sg:rl:{{{team.id}}}:k:{key.id}:m:")
