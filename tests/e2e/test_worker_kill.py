@@ -15,12 +15,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 pytestmark = pytest.mark.timeout(400)
 
 NUM_REQUESTS = 20
 MAX_TOKENS = 64
 DEADLINE_S = 60.0
+VICTIM_ID = "e2e-kill-victim"
 
 
 class _Flowing:
@@ -70,7 +72,20 @@ def _prompt(i: int) -> str:
     return f"Story number {i} about a river."
 
 
-async def _run(gateway: Any, model: str, victim: Any) -> list[dict]:
+async def _victim_streaming(redis_url: str, model: str, victim_id: str) -> None:
+    """Until a request the victim serves has streamed text (its ``started`` key names it)."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        while True:
+            async for key in client.scan_iter(match=f"sg:{{{model}}}:started:*"):
+                if await client.get(key) == victim_id.encode():
+                    return
+            await asyncio.sleep(0.05)
+    finally:
+        await client.aclose()
+
+
+async def _run(gateway: Any, model: str, victim: Any, redis_url: str) -> list[dict]:
     client = gateway.async_openai(max_retries=0, timeout=DEADLINE_S)
     flowing = _Flowing(4)
     tasks = [
@@ -82,6 +97,8 @@ async def _run(gateway: Any, model: str, victim: Any) -> list[dict]:
     flowing_wait = asyncio.create_task(flowing.event.wait())
     await asyncio.wait([flowing_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
     assert flowing.event.is_set(), [t.result() for t in tasks if t.done()]
+    async with asyncio.timeout(DEADLINE_S):
+        await _victim_streaming(redis_url, model, VICTIM_ID)
     victim.popen.send_signal(signal.SIGKILL)
     async with asyncio.timeout(DEADLINE_S + 30):
         return await asyncio.gather(*tasks)
@@ -94,10 +111,10 @@ def test_sigkilled_worker_streams_resume_on_the_survivor(
     # Few sequences per worker, so most requests wait in the stream or in an engine queue.
     options = ("--max-num-seqs", "4", "--claim-idle", "2", "--heartbeat-ttl", "2")
     survivor = cluster.worker(model, redis_url, *options)
-    victim = cluster.worker(model, redis_url, *options)
+    victim = cluster.worker(model, redis_url, *options, "--worker-id", VICTIM_ID)
     gateway.wait_model(model)
 
-    results = asyncio.run(_run(gateway, model, victim))
+    results = asyncio.run(_run(gateway, model, victim, redis_url))
     assert victim.popen.wait(5) == -signal.SIGKILL
     assert survivor.alive()
 
