@@ -13,8 +13,7 @@ import json
 from pathlib import Path
 
 from engine.chat_templates import MARKUP_TOKENS, hermes_chat_template
-
-DEMO_MODEL_NAME = "sluicegate-demo"
+from engine.protocol import DEMO_MODEL_NAME
 
 _CORPUS = """\
 Sluicegate is one OpenAI-compatible endpoint in front of many models. A gateway checks the

@@ -30,6 +30,9 @@ from typing import Any, Literal
 
 import msgspec
 
+DEMO_MODEL_NAME = "sluicegate-demo"
+"""The demo model's served name: ``sluicegate up`` builds and announces it, workers serve it."""
+
 PROTOCOL_VERSION = 3
 """2: a worker may pack the replies of one step for one reply stream into a ``Batch``; it does
 so only for requests whose ``v`` is at least 2, so version-1 gateways keep getting single

@@ -28,6 +28,8 @@ from typing import IO, Any
 
 import httpx
 
+from engine.protocol import DEMO_MODEL_NAME
+
 _PR_SET_PDEATHSIG = 1
 _READY_TIMEOUT_S = 600.0
 _STOP_TIMEOUT_S = 15.0
@@ -269,8 +271,6 @@ def run(args: argparse.Namespace, stack: Stack) -> int:
     model_path = args.model
     served_name = args.served_model_name
     if model_path is None:
-        from engine.demo_model import DEMO_MODEL_NAME
-
         model_path = str(data_dir / "models" / DEMO_MODEL_NAME)
         served_name = served_name or DEMO_MODEL_NAME
         with _step("building the demo model (no download)"):
