@@ -14,7 +14,13 @@ import torch
 from engine.choice_output import ChoiceText
 from engine.choices import Choice, RequestGroup
 from engine.config import SchedulerConfig
-from engine.grammar import GrammarCompiler, GrammarSpec, structured_spec, tool_call_spec
+from engine.grammar import (
+    GrammarCompiler,
+    GrammarSpec,
+    strict_tools_spec,
+    structured_spec,
+    tool_call_spec,
+)
 from engine.guided import TokenBitmask
 from engine.model_runner import ModelRunner
 from engine.models import load_model
@@ -220,6 +226,9 @@ class EngineCore:
         if options.forces_tool_call:
             assert self.tool_parser is not None
             return tool_call_spec(self.tool_parser, options.forced_tools())
+        if options.has_strict_tools:
+            assert self.tool_parser is not None
+            return strict_tools_spec(self.tool_parser, options.tools or [])
         return None
 
     def add_request(

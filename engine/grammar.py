@@ -70,6 +70,21 @@ def tool_call_spec(parser: str, tools: list[Tool]) -> GrammarSpec:
     return GrammarSpec("tool_call", json.dumps({"parser": parser, "tools": described}))
 
 
+def strict_tools_spec(parser: str, tools: list[Tool]) -> GrammarSpec:
+    """Free text, but any call the model starts (``tool_choice`` auto) must name one of
+    ``tools`` and, for a tool marked ``strict``, match its schema."""
+    described = [
+        {
+            "name": t.name,
+            "parameters": (t.parameters or {"type": "object"})
+            if t.strict
+            else {"type": "object", "additionalProperties": True},
+        }
+        for t in tools
+    ]
+    return GrammarSpec("tool_auto", json.dumps({"parser": parser, "tools": described}))
+
+
 def _call_schema(parser: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
     args_key = "parameters" if parser == "llama3_json" else "arguments"
     options = [
@@ -171,6 +186,8 @@ class GrammarCompiler:
                 return compiler.compile_grammar(spec.source)
             if spec.kind == "tool_call":
                 return compiler.compile_grammar(_tool_call_grammar(json.loads(spec.source)))
+            if spec.kind == "tool_auto":
+                return compiler.compile_grammar(_strict_tools_grammar(json.loads(spec.source)))
         except (RuntimeError, ValueError, xgrammar.InvalidJSONError) as exc:
             raise ValueError(f"{_field_of(spec.kind)} does not compile: {exc}") from None
         raise ValueError(f"unknown grammar kind {spec.kind!r}")
@@ -209,6 +226,44 @@ def _tool_call_grammar(described: dict[str, Any]) -> Any:
     return call
 
 
+def _strict_tools_grammar(described: dict[str, Any]) -> Any:
+    """xgrammar structural tags: text is free until a call's opening markup (the trigger),
+    then the call must be complete and well-formed."""
+    import xgrammar
+
+    if described["parser"] == "hermes":
+        trigger, args_key, opening, closing = (
+            "<tool_call>",
+            "arguments",
+            "<tool_call>\n",
+            "}\n</tool_call>",
+        )
+    else:
+        trigger, args_key, opening, closing = '{"name": ', "parameters", "", "}"
+    tags = [
+        xgrammar.StructuralTagItem(
+            begin=f'{opening}{{"name": {json.dumps(tool["name"])}, "{args_key}": ',
+            schema=json.dumps(tool["parameters"]),
+            end=closing,
+        )
+        for tool in described["tools"]
+    ]
+    grammar = xgrammar.Grammar.from_structural_tag(tags, [trigger])
+    # Structural tags always allow free whitespace in the JSON; pin it to json.dumps' layout.
+    text = _tight_json(str(grammar)).replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR)
+    return xgrammar.Grammar.from_ebnf(text)
+
+
+_FREE_SPACE = "[ \\n\\r\\t]*"
+
+
+def _tight_json(ebnf: str) -> str:
+    for separator in ('":"', '","'):
+        spaced = f'"{separator[1]} "'
+        ebnf = ebnf.replace(f"{_FREE_SPACE} {separator} {_FREE_SPACE}", spaced)
+    return ebnf.replace(f"{_FREE_SPACE} ", "").replace(f" {_FREE_SPACE}", "")
+
+
 def _field_of(kind: str) -> str:
     return {
         "json_object": "response_format",
@@ -217,4 +272,5 @@ def _field_of(kind: str) -> str:
         "choice": "guided_choice",
         "grammar": "guided_grammar",
         "tool_call": "tools",
+        "tool_auto": "tools",
     }.get(kind, kind)

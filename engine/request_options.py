@@ -36,6 +36,11 @@ class RequestOptions:
             )
         if self.structured is not None and self.tool_choice in ("required", "function"):
             raise ValueError("response_format cannot be combined with a forced tool_choice")
+        if self.structured is not None and self.has_strict_tools:
+            raise ValueError(
+                "response_format cannot be combined with tools marked strict (one grammar "
+                "cannot enforce both); send strict: false or no response_format"
+            )
 
     @property
     def uses_tools(self) -> bool:
@@ -44,6 +49,11 @@ class RequestOptions:
     @property
     def forces_tool_call(self) -> bool:
         return self.uses_tools and self.tool_choice in ("required", "function")
+
+    @property
+    def has_strict_tools(self) -> bool:
+        """Calls the model chooses to make must still match the ``strict`` tools' schemas."""
+        return self.uses_tools and any(tool.strict for tool in self.tools or [])
 
     def forced_tools(self) -> list[Tool]:
         tools = self.tools or []

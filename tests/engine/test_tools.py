@@ -197,3 +197,26 @@ def test_auto_without_a_call_is_plain_content(qwen2: LLM) -> None:
     (unparsed,) = qwen2.generate(auto.prompt_token_ids, params)
     assert auto.text == unparsed.text
     assert auto.finish_reason in ("stop", "length")
+
+
+def test_strict_tools_bind_calls_the_model_chooses_to_make(qwen2: LLM) -> None:
+    """tool_choice auto with ``strict`` tools: text stays free, but once the model opens a
+    call (here pushed to with logit_bias) the call must match the schema."""
+    strict = Tool(name=TIME.name, parameters=TIME.parameters, strict=True)
+    open_call = qwen2.tokenizer.hf.convert_tokens_to_ids("<tool_call>")
+    params = SamplingParams(max_tokens=140, temperature=1.0, seed=3, logit_bias={open_call: 30})
+    (out,) = qwen2.chat(MESSAGES, params, RequestOptions(tools=[strict]))
+    # max_tokens may cut the last call short; every call before it is complete.
+    complete = out.tool_calls[:-1] if out.finish_reason == "length" else out.tool_calls
+    assert complete, out.tool_calls
+    for call in complete:
+        validate_call(call, [strict])
+    assert out.text == ""
+
+
+def test_strict_tools_and_response_format_together_are_refused() -> None:
+    from engine.protocol import Structured
+
+    strict = Tool(name=TIME.name, parameters=TIME.parameters, strict=True)
+    with pytest.raises(ValueError, match="strict"):
+        RequestOptions(tools=[strict], structured=Structured("json_object"))
