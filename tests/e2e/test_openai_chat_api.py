@@ -221,3 +221,52 @@ def test_three_seeded_choices_are_reproducible(served: SimpleNamespace) -> None:
         for choice in chunk.choices:
             streamed[choice.index] += choice.delta.content or ""
     assert [streamed[i] for i in range(3)] == texts
+
+
+def test_streamed_logprobs_and_text_completions_logprobs(served: SimpleNamespace) -> None:
+    client = served.client
+    kwargs: dict[str, Any] = {
+        "model": served.model,
+        "messages": [{"role": "user", "content": "Count."}],
+        "logprobs": True,
+        "top_logprobs": 2,
+        "max_tokens": 5,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.chat.completions.create(**kwargs).choices[0].logprobs.content
+    streamed = [
+        entry
+        for chunk in client.chat.completions.create(stream=True, **kwargs)
+        for choice in chunk.choices
+        if choice.logprobs is not None
+        for entry in choice.logprobs.content or []
+    ]
+    # Same tokens and alternatives; the float values may differ in the last digits (another
+    # batch shape on the worker).
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in whole]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in whole], abs=1e-4)
+    assert [[t.token for t in e.top_logprobs] for e in streamed] == [
+        [t.token for t in e.top_logprobs] for e in whole
+    ]
+
+    text = client.completions.create(
+        model=served.model,
+        prompt="The river",
+        logprobs=2,
+        max_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    ).choices[0]
+    logprobs = text.logprobs
+    assert logprobs is not None and len(logprobs.tokens or []) == 5
+    offsets = logprobs.text_offset or []
+    assert offsets == [sum(len(t) for t in (logprobs.tokens or [])[:i]) for i in range(5)]
+    tops = logprobs.top_logprobs or []
+    # Two alternatives each (fewer keys when two tokens read the same, e.g. both U+FFFD); greedy
+    # picked the most likely one.
+    assert len(tops) == 5 and all(1 <= len(top) <= 2 for top in tops)
+    assert all(
+        lp >= max(top.values()) - 1e-4
+        for lp, top in zip(logprobs.token_logprobs or [], tops, strict=True)
+    )
