@@ -34,6 +34,7 @@ from redis.asyncio import Redis
 from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder, Usage
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import Provider, ProviderError
+from gateway.providers.hosted import Sessions
 from gateway.providers.openai import CONNECT_TIMEOUT_S, OpenAIProvider
 from gateway.routing_config import (
     HOSTED_KINDS,
@@ -124,6 +125,8 @@ class Router:
         self._settings = settings
         self._redis = redis
         self.client = client
+        self.sessions = Sessions()
+        """The hosted providers' aiohttp session."""
         self.discovering = routes is None
         self._routes: dict[str, ModelRoute] = {}
         self._names: dict[str, ModelRoute] = {}
@@ -199,7 +202,7 @@ class Router:
         elif kind in HOSTED_KINDS:
             name = spec.get("name") or self._unique_name(f"{kind}:{model}")
             timeout = self._settings.request_timeout_s
-            provider = hosted_provider(kind, spec, name, self.client, timeout)
+            provider = hosted_provider(kind, spec, name, self.sessions, timeout)
         else:
             kinds = ", ".join(("openai", "engine", *HOSTED_KINDS))
             raise ConfigError(f"unknown provider kind {kind!r} (expected one of {kinds})")
@@ -480,6 +483,7 @@ class Router:
             for deployment in route.deployments:
                 await deployment.provider.close()
         await self.client.aclose()
+        await self.sessions.close()
 
 
 async def _collect(provider: Provider, request: ChatRequest) -> Response:

@@ -55,13 +55,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.azure import DEFAULT_API_VERSION, AzureProvider
 from gateway.providers.base import Provider
 from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.gemini import GeminiProvider
+from gateway.providers.hosted import Sessions
 
 HOSTED_KINDS = ("anthropic", "gemini", "azure", "bedrock")
 
@@ -140,10 +139,10 @@ def api_key(spec: dict[str, Any]) -> str | None:
 
 
 def hosted_provider(
-    kind: str, spec: dict[str, Any], name: str, client: httpx.AsyncClient, read_timeout_s: float
+    kind: str, spec: dict[str, Any], name: str, sessions: Sessions, read_timeout_s: float
 ) -> Provider:
     model = str(spec["model"])
-    common: dict[str, Any] = {"name": name, "model": model, "client": client}
+    common: dict[str, Any] = {"name": name, "model": model, "sessions": sessions}
     common["read_timeout_s"] = read_timeout_s
     base_url = spec.get("base_url")
     if kind == "anthropic":

@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import httpx
-
 from gateway.canonical import ChatRequest, Chunk, Response
 from gateway.providers.base import ProviderError
 from gateway.providers.features import first_unsupported
-from gateway.providers.hosted import HostedClient, sse_events, status_error
+from gateway.providers.hosted import (
+    TRANSPORT_ERRORS,
+    HostedClient,
+    Sessions,
+    sse_events,
+    status_error,
+)
 from gateway.translate.anthropic_out import StreamReader, messages_body, response_of
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -45,14 +49,14 @@ class AnthropicProvider:
         *,
         name: str,
         model: str,
-        client: httpx.AsyncClient,
+        sessions: Sessions,
         api_key: str | None,
         base_url: str = DEFAULT_BASE_URL,
         read_timeout_s: float = 600.0,
     ) -> None:
         self.name = name
         self.model = model
-        self._http = HostedClient(name, client, read_timeout_s)
+        self._http = HostedClient(name, sessions, read_timeout_s)
         self._url = base_url.rstrip("/") + "/v1/messages"
         self._headers = {"content-type": "application/json", "anthropic-version": API_VERSION}
         if api_key:
@@ -97,7 +101,7 @@ class AnthropicProvider:
                         yield chunk
                     if event.get("type") == "message_stop":
                         return
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise ProviderError(
                     f"deployment {self.name} failed mid-stream", retryable=not started
                 ) from exc
@@ -111,4 +115,4 @@ class AnthropicProvider:
         return True
 
     async def close(self) -> None:
-        """Nothing of its own: the httpx client is the router's."""
+        """Nothing of its own: the aiohttp session is the router's."""

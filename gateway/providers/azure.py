@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import httpx
-
 from gateway.canonical import ChatRequest, Chunk, Response
 from gateway.providers.base import ProviderError
 from gateway.providers.features import first_unsupported
-from gateway.providers.hosted import HostedClient, sse_events
+from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, sse_events
 from gateway.translate.openai_out import chat_body, chunk_of, response_of
 
 DEFAULT_API_VERSION = "2024-10-21"
@@ -52,7 +50,7 @@ class AzureProvider:
         name: str,
         endpoint: str,
         model: str,
-        client: httpx.AsyncClient,
+        sessions: Sessions,
         api_key: str | None,
         deployment: str | None = None,
         api_version: str = DEFAULT_API_VERSION,
@@ -60,7 +58,7 @@ class AzureProvider:
     ) -> None:
         self.name = name
         self.model = model
-        self._http = HostedClient(name, client, read_timeout_s)
+        self._http = HostedClient(name, sessions, read_timeout_s)
         endpoint = endpoint.rstrip("/")
         if deployment:
             self._url = (
@@ -109,7 +107,7 @@ class AzureProvider:
                     started = started or chunk.has_output()
                     finished = finished or chunk.finish_reason() is not None
                     yield chunk
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise ProviderError(
                     f"deployment {self.name} failed mid-stream", retryable=not started
                 ) from exc
@@ -126,4 +124,4 @@ class AzureProvider:
         return True
 
     async def close(self) -> None:
-        """Nothing of its own: the httpx client is the router's."""
+        """Nothing of its own: the aiohttp session is the router's."""

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
@@ -38,7 +37,7 @@ from gateway.canonical import (
 )
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
-from gateway.providers.hosted import HostedClient, status_error
+from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, status_error
 
 SUPPORTED = frozenset({"top_k", "image"})
 
@@ -219,7 +218,7 @@ class BedrockProvider:
         *,
         name: str,
         model: str,
-        client: httpx.AsyncClient,
+        sessions: Sessions,
         region: str | None = None,
         base_url: str | None = None,
         read_timeout_s: float = 600.0,
@@ -227,7 +226,7 @@ class BedrockProvider:
     ) -> None:
         self.name = name
         self.model = model
-        self._http = HostedClient(name, client, read_timeout_s)
+        self._http = HostedClient(name, sessions, read_timeout_s)
         session = Session()
         self._region = region or session.get_config_variable("region") or "us-east-1"
         base = base_url or f"https://bedrock-runtime.{self._region}.amazonaws.com"
@@ -286,7 +285,7 @@ class BedrockProvider:
                             yield chunk
                             if chunk.finish_reason() is not None:
                                 return
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise ProviderError(
                     f"deployment {self.name} failed mid-stream", retryable=not started
                 ) from exc
@@ -313,4 +312,4 @@ class BedrockProvider:
         return True
 
     async def close(self) -> None:
-        """Nothing of its own: the httpx client is the router's."""
+        """Nothing of its own: the aiohttp session is the router's."""

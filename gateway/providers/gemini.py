@@ -13,8 +13,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from gateway.canonical import (
     ChatRequest,
     Choice,
@@ -32,7 +30,7 @@ from gateway.canonical import (
 )
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
-from gateway.providers.hosted import HostedClient, sse_events
+from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, sse_events
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 
@@ -226,14 +224,14 @@ class GeminiProvider:
         *,
         name: str,
         model: str,
-        client: httpx.AsyncClient,
+        sessions: Sessions,
         api_key: str | None,
         base_url: str = DEFAULT_BASE_URL,
         read_timeout_s: float = 600.0,
     ) -> None:
         self.name = name
         self.model = model
-        self._http = HostedClient(name, client, read_timeout_s)
+        self._http = HostedClient(name, sessions, read_timeout_s)
         self._base = f"{base_url.rstrip('/')}/v1beta/models/{model}"
         self._headers = {"content-type": "application/json"}
         if api_key:
@@ -294,7 +292,7 @@ class GeminiProvider:
                     if output:
                         started = True
                         yield Chunk(output, num_tokens=1)
-            except httpx.TransportError as exc:
+            except TRANSPORT_ERRORS as exc:
                 raise ProviderError(
                     f"deployment {self.name} failed mid-stream", retryable=not started
                 ) from exc
@@ -312,4 +310,4 @@ class GeminiProvider:
         return True
 
     async def close(self) -> None:
-        """Nothing of its own: the httpx client is the router's."""
+        """Nothing of its own: the aiohttp session is the router's."""

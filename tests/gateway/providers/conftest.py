@@ -13,6 +13,7 @@ from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.azure import AzureProvider
 from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.gemini import GeminiProvider
+from gateway.providers.hosted import Sessions
 
 from ..api.servers import ServerThread
 from . import fake_anthropic, fake_bedrock
@@ -49,7 +50,7 @@ async def make_provider(
     fakes: dict[str, tuple[Any, str]],
 ) -> AsyncIterator[ProviderFactory]:
     """``make_provider(kind, model)``: an adapter of that kind aimed at its fake server."""
-    client = httpx.AsyncClient()
+    sessions = Sessions()
 
     def make(kind: str, model: str, **overrides: Any) -> Any:
         base = fakes[kind.split("-")[0]][1]
@@ -57,11 +58,13 @@ async def make_provider(
         if kind == "anthropic":
             key = overrides.get("api_key", fake_anthropic.API_KEY)
             return AnthropicProvider(
-                name=name, model=model, client=client, api_key=key, base_url=base
+                name=name, model=model, sessions=sessions, api_key=key, base_url=base
             )
         if kind == "gemini":
             key = overrides.get("api_key", GEMINI_KEY)
-            return GeminiProvider(name=name, model=model, client=client, api_key=key, base_url=base)
+            return GeminiProvider(
+                name=name, model=model, sessions=sessions, api_key=key, base_url=base
+            )
         if kind in {"azure", "azure-v1"}:
             key = overrides.get("api_key", AZURE_KEY)
             deployment = model if kind == "azure" else None
@@ -69,7 +72,7 @@ async def make_provider(
                 name=name,
                 endpoint=base,
                 model=model,
-                client=client,
+                sessions=sessions,
                 api_key=key,
                 deployment=deployment,
             )
@@ -77,14 +80,14 @@ async def make_provider(
         return BedrockProvider(
             name=name,
             model=model,
-            client=client,
+            sessions=sessions,
             region=fake_bedrock.REGION,
             base_url=base,
             credentials=Credentials(fake_bedrock.ACCESS_KEY, secret),
         )
 
     yield make
-    await client.aclose()
+    await sessions.close()
 
 
 def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
