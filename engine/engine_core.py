@@ -17,6 +17,7 @@ from engine.config import SchedulerConfig
 from engine.grammar import (
     GrammarCompiler,
     GrammarSpec,
+    answer_or_call_spec,
     strict_tools_spec,
     structured_spec,
     tool_call_spec,
@@ -221,14 +222,20 @@ class EngineCore:
                 "tools: this model's chat template has no known tool-call format; "
                 "start the engine with --tool-parser"
             )
-        if options.structured is not None:
-            return structured_spec(options.structured)
+        parser = self.tool_parser
         if options.forces_tool_call:
-            assert self.tool_parser is not None
-            return tool_call_spec(self.tool_parser, options.forced_tools())
+            # This turn's output is a call; response_format governs answers, not calls.
+            assert parser is not None
+            return tool_call_spec(parser, options.forced_tools())
+        if options.structured is not None:
+            answer = structured_spec(options.structured)
+            if options.has_strict_tools:
+                assert parser is not None
+                return answer_or_call_spec(answer, parser, options.tools or [])
+            return answer
         if options.has_strict_tools:
-            assert self.tool_parser is not None
-            return strict_tools_spec(self.tool_parser, options.tools or [])
+            assert parser is not None
+            return strict_tools_spec(parser, options.tools or [])
         return None
 
     def add_request(

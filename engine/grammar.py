@@ -85,6 +85,15 @@ def strict_tools_spec(parser: str, tools: list[Tool]) -> GrammarSpec:
     return GrammarSpec("tool_auto", json.dumps({"parser": parser, "tools": described}))
 
 
+def answer_or_call_spec(answer: GrammarSpec, parser: str, tools: list[Tool]) -> GrammarSpec:
+    """Structured output that may also be a call to one of ``tools`` (``tool_choice`` auto
+    with strict tools and a ``response_format``): either the answer the format asks for or one
+    call whose arguments match its tool's schema (a strict tool's; any object otherwise)."""
+    call = json.loads(strict_tools_spec(parser, tools).source)
+    source = {"answer_kind": answer.kind, "answer": answer.source, "call": call}
+    return GrammarSpec("answer_or_call", json.dumps(source))
+
+
 def _call_schema(parser: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
     args_key = "parameters" if parser == "llama3_json" else "arguments"
     options = [
@@ -169,28 +178,36 @@ class GrammarCompiler:
 
         compiler = self._xgrammar_compiler()
         try:
-            if spec.kind == "json_object":
-                return compiler.compile_json_schema(
-                    {"type": "object"}, any_whitespace=False, strict_mode=False
-                )
-            if spec.kind == "json_schema":
-                return compiler.compile_grammar(_json_schema_grammar(json.loads(spec.source)))
-            if spec.kind == "regex":
-                return compiler.compile_regex(spec.source)
-            if spec.kind == "choice":
-                choices = " | ".join(
-                    json.dumps(c, ensure_ascii=False) for c in json.loads(spec.source)
-                )
-                return compiler.compile_grammar(f"root ::= {choices}")
-            if spec.kind == "grammar":
-                return compiler.compile_grammar(spec.source)
-            if spec.kind == "tool_call":
-                return compiler.compile_grammar(_tool_call_grammar(json.loads(spec.source)))
-            if spec.kind == "tool_auto":
-                return compiler.compile_grammar(_strict_tools_grammar(json.loads(spec.source)))
+            return compiler.compile_grammar(_grammar(spec))
         except (RuntimeError, ValueError, xgrammar.InvalidJSONError) as exc:
             raise ValueError(f"{_field_of(spec.kind)} does not compile: {exc}") from None
-        raise ValueError(f"unknown grammar kind {spec.kind!r}")
+
+
+def _grammar(spec: GrammarSpec) -> Any:
+    import xgrammar
+
+    if spec.kind == "json_object":
+        return xgrammar.Grammar.from_json_schema(
+            '{"type": "object"}', any_whitespace=False, strict_mode=False
+        )
+    if spec.kind == "json_schema":
+        return _json_schema_grammar(json.loads(spec.source))
+    if spec.kind == "regex":
+        return xgrammar.Grammar.from_regex(spec.source)
+    if spec.kind == "choice":
+        choices = " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(spec.source))
+        return xgrammar.Grammar.from_ebnf(f"root ::= {choices}")
+    if spec.kind == "grammar":
+        return xgrammar.Grammar.from_ebnf(spec.source)
+    if spec.kind == "tool_call":
+        return _tool_call_grammar(json.loads(spec.source))
+    if spec.kind == "tool_auto":
+        return _strict_tools_grammar(json.loads(spec.source))
+    if spec.kind == "answer_or_call":
+        parts = json.loads(spec.source)
+        answer = _grammar(GrammarSpec(parts["answer_kind"], parts["answer"]))
+        return xgrammar.Grammar.union(answer, _tool_call_grammar(parts["call"]))
+    raise ValueError(f"unknown grammar kind {spec.kind!r}")
 
 
 # xgrammar 0.2.9 writes length-bounded strings (minLength/maxLength) with this character
@@ -273,4 +290,5 @@ def _field_of(kind: str) -> str:
         "grammar": "guided_grammar",
         "tool_call": "tools",
         "tool_auto": "tools",
+        "answer_or_call": "response_format",
     }.get(kind, kind)

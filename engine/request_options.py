@@ -34,13 +34,6 @@ class RequestOptions:
             raise ValueError(
                 f"tool_choice names function {self.tool_choice_name!r}, which is not in tools"
             )
-        if self.structured is not None and self.tool_choice in ("required", "function"):
-            raise ValueError("response_format cannot be combined with a forced tool_choice")
-        if self.structured is not None and self.has_strict_tools:
-            raise ValueError(
-                "response_format cannot be combined with tools marked strict (one grammar "
-                "cannot enforce both); send strict: false or no response_format"
-            )
 
     @property
     def uses_tools(self) -> bool:

@@ -214,9 +214,36 @@ def test_strict_tools_bind_calls_the_model_chooses_to_make(qwen2: LLM) -> None:
     assert out.text == ""
 
 
-def test_strict_tools_and_response_format_together_are_refused() -> None:
+def test_strict_tools_with_a_response_format_give_a_valid_answer_or_a_valid_call(
+    qwen2: LLM,
+) -> None:
     from engine.protocol import Structured
 
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
     strict = Tool(name=TIME.name, parameters=TIME.parameters, strict=True)
-    with pytest.raises(ValueError, match="strict"):
-        RequestOptions(tools=[strict], structured=Structured("json_object"))
+    structured = Structured("json_schema", json_schema=json.dumps(schema))
+    options = RequestOptions(tools=[strict], structured=structured)
+    # Nudge the first token: "{" opens the answer, "<tool_call>" a call.
+    kinds = set()
+    for first in ("{", "<tool_call>"):
+        nudge = {qwen2.tokenizer.hf.convert_tokens_to_ids(first): 100.0}
+        params = SamplingParams(max_tokens=140, temperature=0, logit_bias=nudge)
+        (out,) = qwen2.chat(MESSAGES, params, options)
+        if out.finish_reason == "tool_calls":
+            assert out.text == ""
+            validate_call(out.tool_calls[0], [strict])
+        else:
+            assert out.finish_reason == "stop" and not out.tool_calls
+            jsonschema.validate(json.loads(out.text), schema)
+        kinds.add(out.finish_reason)
+    assert kinds == {"stop", "tool_calls"}
+
+    forced = RequestOptions(tools=[TIME], tool_choice="required", structured=structured)
+    (out,) = qwen2.chat(MESSAGES, GREEDY, forced)
+    assert out.finish_reason == "tool_calls", "a forced call wins over the answer format"
+    validate_call(out.tool_calls[0], [TIME])
