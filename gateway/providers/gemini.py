@@ -41,7 +41,6 @@ SUPPORTED = frozenset(
         "presence_penalty",
         "frequency_penalty",
         "top_k",
-        "logprobs",
         "thinking",
         "reasoning_effort",
         "response_format:json_object",
@@ -119,8 +118,6 @@ def generate_body(request: ChatRequest) -> dict[str, Any]:
         "seed": s.seed,
         "presencePenalty": s.presence_penalty,
         "frequencyPenalty": s.frequency_penalty,
-        "responseLogprobs": True if s.logprobs else None,
-        "logprobs": s.top_logprobs,
     }
     generation: dict[str, Any] = {k: v for k, v in config.items() if v is not None}
     output = request.output

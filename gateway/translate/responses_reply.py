@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.canonical import Chunk, Response, TextPart, ToolCall, Usage
+from gateway.canonical import Chunk, Response, TextPart, TokenLogprob, ToolCall, Usage
 
 _encode = msgspec.json.Encoder().encode
 
@@ -24,6 +24,22 @@ def usage_body(usage: Usage) -> dict[str, Any]:
     }
 
 
+def logprobs_body(logprobs: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+    """The answer tokens' logprobs in the Responses shape (empty unless they were asked for)."""
+    return [
+        {
+            "token": lp.token,
+            "logprob": lp.logprob,
+            "bytes": lp.bytes or list(lp.token.encode()),
+            "top_logprobs": [
+                {"token": t.token, "logprob": t.logprob, "bytes": t.bytes or list(t.token.encode())}
+                for t in lp.top
+            ],
+        }
+        for lp in logprobs or ()
+    ]
+
+
 def _status(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
     if finish_reason == "length":
         return "incomplete", {"reason": "max_output_tokens"}
@@ -32,8 +48,10 @@ def _status(finish_reason: str | None) -> tuple[str, dict[str, str] | None]:
     return "completed", None
 
 
-def _text_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_item(
+    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     return {
         "type": "message",
         "id": item_id,
@@ -109,7 +127,8 @@ def response_body(
             output.append(_reasoning_item(f"rs_{suffix}", choice.message.reasoning))
         text = "".join(p.text for p in choice.message.parts if isinstance(p, TextPart))
         if text or not choice.message.tool_calls():
-            output.append(_text_item(f"msg_{suffix}", text, "completed"))
+            logprobs = logprobs_body(choice.logprobs)
+            output.append(_text_item(f"msg_{suffix}", text, "completed", logprobs))
         for k, call in enumerate(p for p in choice.message.parts if isinstance(p, ToolCall)):
             output.append(
                 _call_item(f"fc_{suffix}_{k}", call.id, call.name, call.arguments, "completed")
@@ -151,12 +170,12 @@ class ResponsesStream:
         index = self._index()
         out = b""
         if item["type"] == "message":
-            text = item["text"]
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            text, logprobs = item["text"], item["logprobs"]
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
             common = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            out += self._event("response.output_text.done", text=text, logprobs=[], **common)
+            out += self._event("response.output_text.done", text=text, logprobs=logprobs, **common)
             out += self._event("response.content_part.done", part=part, **common)
-            done = _text_item(item["id"], text, "completed")
+            done = _text_item(item["id"], text, "completed", logprobs)
         elif item["type"] == "reasoning":
             text = item["text"]
             common = {"item_id": item["id"], "output_index": index, "content_index": 0}
@@ -203,7 +222,7 @@ class ResponsesStream:
             if choice.text:
                 if self._open is None or self._open["type"] != "message":
                     item_id = f"msg_{self._suffix}_{len(self._items)}"
-                    state = {"type": "message", "id": item_id, "text": ""}
+                    state = {"type": "message", "id": item_id, "text": "", "logprobs": []}
                     out += self._open_item(state, _text_item(item_id, "", "in_progress"))
                     part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                     out += self._event(
@@ -214,14 +233,16 @@ class ResponsesStream:
                         part=part,
                     )
                 assert self._open is not None
+                logprobs = logprobs_body(choice.logprobs)
                 self._open["text"] += choice.text
+                self._open["logprobs"] += logprobs
                 out += self._event(
                     "response.output_text.delta",
                     item_id=self._open["id"],
                     output_index=self._index(),
                     content_index=0,
                     delta=choice.text,
-                    logprobs=[],
+                    logprobs=logprobs,
                 )
             for call in choice.tool_calls or ():
                 if (

@@ -192,3 +192,17 @@ def test_responses_with_a_function_tool(gateway: Gateway, model: str, stream: bo
         max_output_tokens=8,
     )
     assert follow.status in {"completed", "incomplete"}
+
+
+def test_responses_logprobs_when_included(gateway: Gateway, model: str) -> None:
+    response = gateway.openai(max_retries=0).responses.create(
+        model=model,
+        input="Say something.",
+        max_output_tokens=4,
+        top_logprobs=2,
+        include=["message.output_text.logprobs"],
+    )
+    (message,) = [item for item in response.output if item.type == "message"]
+    logprobs = message.content[0].logprobs  # type: ignore[union-attr]
+    assert logprobs is not None and len(logprobs) == response.usage.output_tokens  # type: ignore[union-attr]
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in logprobs)
