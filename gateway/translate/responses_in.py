@@ -244,7 +244,8 @@ def _content(item: MessageItem, index: int) -> list[Part]:
 def _messages(body: ResponsesRequest) -> list[Message]:
     out: list[Message] = []
     if body.instructions:
-        out.append(Message("developer", [TextPart(body.instructions)]))
+        # A system turn: every chat template knows that role (not all know "developer").
+        out.append(Message("system", [TextPart(body.instructions)]))
     if isinstance(body.input, str):
         out.append(Message("user", [TextPart(body.input)]))
         return out
