@@ -141,6 +141,11 @@ class HermesToolParser(ToolCallParser):
                 out.tool_calls += self._body.feed(self._pending[: len(self._pending) - keep])
                 self._pending = self._pending[len(self._pending) - keep :]
                 break
+            if _in_json_string(self._body.text + self._pending[:at]):
+                # The end tag inside a string argument is text, not the end of the call.
+                out.tool_calls += self._body.feed(self._pending[: at + len(self.end)])
+                self._pending = self._pending[at + len(self.end) :]
+                continue
             out.tool_calls += self._body.feed(self._pending[:at])
             out.tool_calls += self._close_body()
             self._pending = self._pending[at + len(self.end) :]
@@ -242,6 +247,19 @@ def _balanced(text: str) -> bool:
     except json.JSONDecodeError:
         return False
     return True
+
+
+def _in_json_string(text: str) -> bool:
+    """Whether ``text`` (the start of a JSON value) ends inside a string literal."""
+    inside = escaped = False
+    for char in text:
+        if escaped:
+            escaped = False
+        elif char == "\\":
+            escaped = inside
+        elif char == '"':
+            inside = not inside
+    return inside
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -124,3 +124,11 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call() -> None:
     fragments = [f for part in parts for f in part.tool_calls]
     assert {f.index for f in fragments} == {0}
     assert [f.name for f in fragments if f.id] == ["get_weather"]
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_hermes_end_tag_inside_a_string_argument_is_text(step: int) -> None:
+    text = '<tool_call>\n{"name": "f", "arguments": {"s": "a</tool_call>\\"b"}}\n</tool_call>'
+    content, calls = run(make_tool_parser("hermes"), text, step)
+    assert content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"s": 'a</tool_call>"b'})]
