@@ -199,7 +199,20 @@ _HTTP_CODES: dict[int, tuple[str, str | None]] = {
 }
 
 
-def http_error_handler(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+ANTHROPIC_PATH = "/v1/messages"
+
+
+def _anthropic_route(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    if _anthropic_route(request.url.path):
+        # Raised before any controller matched (a 405, an unknown sub-path): the caller still
+        # speaks Anthropic's API. Imported here: that module builds on this one.
+        from gateway.api import anthropic_errors
+
+        return anthropic_errors.http_error_handler(request, exc)
     error_type, code = _HTTP_CODES.get(exc.status_code, ("invalid_request_error", None))
     if exc.status_code >= 500:
         error_type = "server_error"

@@ -2,9 +2,10 @@
 
 Schemathesis generates requests from the schema (valid and invalid bodies, parameters); each
 goes to the real gateway (uvicorn, PostgreSQL, Redis, the fake OpenAI upstream) with a real
-key. However odd the request, the answer is never a 5xx, and every error is OpenAI's shape:
-``{"error": {"message": str, "type": str, "param": ..., "code": ...}}``. Operations that name a
-``model`` get the routed ``echo`` model, so bodies reach generation rather than a 404.
+key. However odd the request, the answer is never a 5xx, and every error is in the API's own
+shape: OpenAI's ``{"error": {"message", "type", "param", "code"}}``, or Anthropic's
+``{"type": "error", "error": {"type", "message"}}`` on its routes. Operations that name a
+``model`` get a routed one, so bodies reach generation rather than a 404.
 """
 
 from __future__ import annotations
@@ -40,7 +41,13 @@ def api_key(make_key: Callable[..., str]) -> str:
 schema = schemathesis.pytest.from_fixture("gateway_schema")
 
 
-def _error_shape_problem(response: Any) -> str | None:
+ANTHROPIC_PATHS = ("/v1/messages",)
+MODEL_FOR_PATH = {"/v1/embeddings": "embed"}
+"""The routed model each operation gets (``echo`` where not named here)."""
+
+
+def _error_shape_problem(path: str, response: Any) -> str | None:
+    """What is wrong with an error body: OpenAI's shape, or Anthropic's on its routes."""
     try:
         body = json.loads(response.content)
     except ValueError:
@@ -52,6 +59,8 @@ def _error_shape_problem(response: Any) -> str | None:
         return "no error.message"
     if not isinstance(error.get("type"), str):
         return "no error.type"
+    if path.startswith(ANTHROPIC_PATHS):
+        return None if body.get("type") == "error" else "Anthropic's top-level type is not 'error'"
     if "param" not in error or "code" not in error:
         return "error.param or error.code missing"
     return None
@@ -68,13 +77,14 @@ def test_no_server_errors_and_errors_in_the_api_shape(
     case: Any, gateway: str, api_settings: Settings, api_key: str
 ) -> None:
     if isinstance(case.body, dict) and "model" in case.body:
-        case.body["model"] = "echo"
+        case.body["model"] = MODEL_FOR_PATH.get(case.path, "echo")
     key = api_settings.master_key if case.path.startswith("/admin") else api_key
-    response = case.call(base_url=gateway, headers={"authorization": f"Bearer {key}"}, timeout=30)
+    headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+    response = case.call(base_url=gateway, headers=headers, timeout=30)
     described = (
         f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
     )
     assert response.status_code < 500, described
     if response.status_code >= 400:
-        problem = _error_shape_problem(response)
+        problem = _error_shape_problem(case.path, response)
         assert problem is None, f"{problem}: {described}"

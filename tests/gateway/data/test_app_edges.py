@@ -159,3 +159,15 @@ async def test_nul_characters_in_admin_input_are_a_400_naming_the_field(
         )
         assert created.status_code == 400, created.text
         assert created.json()["error"]["param"] == "metadata.team.1"
+
+
+def test_router_errors_on_anthropic_routes_are_in_anthropic_shape(gateway: str) -> None:
+    for method, path in [("GET", "/v1/messages"), ("POST", "/v1/messages/nowhere")]:
+        response = httpx.request(method, gateway + path, headers={"x-api-key": "sk-x"})
+        assert response.status_code in (400, 404, 405), response.text
+        body = response.json()
+        assert body["type"] == "error", body
+        assert body["error"]["type"] in ("not_found_error", "invalid_request_error"), body
+    openai = httpx.get(f"{gateway}/v1/chat/completions")
+    assert openai.status_code == 405
+    assert openai.json()["error"]["code"] == "method_not_allowed"
