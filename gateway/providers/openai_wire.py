@@ -306,15 +306,28 @@ def choice_delta(choice: _Choice) -> canonical.ChoiceDelta:
     )
 
 
+def _choice(choice: _Choice) -> canonical.Choice:
+    message = choice.message
+    if message is None:
+        parts: list[canonical.Part] = [canonical.TextPart(choice.text or "")]
+        reasoning = refusal = None
+    else:
+        parts = [canonical.TextPart(message.content or "")]
+        for call in message.tool_calls or ():
+            f = call.function or _Function()
+            parts.append(canonical.ToolCall(call.id or "", f.name or "", f.arguments or ""))
+        reasoning, refusal = message.reasoning_content, message.refusal
+    return canonical.Choice(
+        index=choice.index,
+        message=canonical.Message("assistant", parts, reasoning=reasoning),
+        finish_reason=choice.finish_reason or "stop",
+        refusal=refusal,
+        logprobs=_logprobs(choice.logprobs),
+    )
+
+
 def response(reply: Reply, raw: dict[str, Any] | None) -> canonical.Response:
-    """A whole upstream answer as canonical (tool calls' arguments already whole)."""
-    builder = canonical.ResponseBuilder()
-    for choice in reply.choices:
-        delta = choice_delta(choice)
-        if delta.finish_reason is None:
-            delta.finish_reason = "stop"
-        for i, call in enumerate(delta.tool_calls or ()):
-            call.index = i
-        builder.add(canonical.Chunk([delta]))
-    builder.usage = reply.canonical_usage()
-    return builder.build(raw)
+    """A whole upstream answer as canonical."""
+    return canonical.Response(
+        [_choice(c) for c in reply.choices], usage=reply.canonical_usage(), raw=raw
+    )
