@@ -493,6 +493,7 @@ def test_stats_report_usage_and_peak_utilization() -> None:
         "num_preemptions": 0,
         "prefix_cache_queries": 6,
         "prefix_cache_hits": 0,
+        "oldest_waiting_arrival": None,
     }
     step(scheduler)
     step(scheduler)
