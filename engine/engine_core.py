@@ -14,14 +14,7 @@ import torch
 from engine.choice_output import ChoiceText
 from engine.choices import Choice, RequestGroup
 from engine.config import SchedulerConfig
-from engine.grammar import (
-    GrammarCompiler,
-    GrammarSpec,
-    answer_or_call_spec,
-    strict_tools_spec,
-    structured_spec,
-    tool_call_spec,
-)
+from engine.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from engine.guided import TokenBitmask
 from engine.model_runner import ModelRunner
 from engine.models import load_model
@@ -215,28 +208,8 @@ class EngineCore:
         return list(prompt_token_ids)
 
     def grammar_spec(self, options: RequestOptions) -> GrammarSpec | None:
-        """What the request's output must match, or None; raises ValueError for a request
-        this model cannot honour (tools without a known call format)."""
-        if options.uses_tools and self.tool_parser is None:
-            raise ValueError(
-                "tools: this model's chat template has no known tool-call format; "
-                "start the engine with --tool-parser"
-            )
-        parser = self.tool_parser
-        if options.forces_tool_call:
-            # This turn's output is a call; response_format governs answers, not calls.
-            assert parser is not None
-            return tool_call_spec(parser, options.forced_tools())
-        if options.structured is not None:
-            answer = structured_spec(options.structured)
-            if options.has_strict_tools:
-                assert parser is not None
-                return answer_or_call_spec(answer, parser, options.tools or [])
-            return answer
-        if options.has_strict_tools:
-            assert parser is not None
-            return strict_tools_spec(parser, options.tools or [])
-        return None
+        """What the request's output must match, or None (see ``engine.grammar``)."""
+        return request_grammar_spec(options, self.tool_parser)
 
     def add_request(
         self,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine.protocol import Structured, Tool
+from engine.request_options import RequestOptions
 
 if TYPE_CHECKING:
     import xgrammar
@@ -34,6 +35,30 @@ class GrammarSpec:
     @property
     def key(self) -> str:
         return hashlib.sha256(f"{self.kind}\0{self.source}".encode()).hexdigest()
+
+
+def request_grammar_spec(options: RequestOptions, tool_parser: str | None) -> GrammarSpec | None:
+    """What a request's output must match, or None; raises ValueError for a request the model
+    cannot honour (tools without a known call format)."""
+    if options.uses_tools and tool_parser is None:
+        raise ValueError(
+            "tools: this model's chat template has no known tool-call format; "
+            "start the engine with --tool-parser"
+        )
+    if options.forces_tool_call:
+        # This turn's output is a call; response_format governs answers, not calls.
+        assert tool_parser is not None
+        return tool_call_spec(tool_parser, options.forced_tools())
+    if options.structured is not None:
+        answer = structured_spec(options.structured)
+        if options.has_strict_tools:
+            assert tool_parser is not None
+            return answer_or_call_spec(answer, tool_parser, options.tools or [])
+        return answer
+    if options.has_strict_tools:
+        assert tool_parser is not None
+        return strict_tools_spec(tool_parser, options.tools or [])
+    return None
 
 
 def structured_spec(structured: Structured) -> GrammarSpec:
