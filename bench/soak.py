@@ -5,7 +5,13 @@ non-streamed chat requests, greedy and seeded) against two gateway processes in 
 engine workers (the tiny demo model), all on a redis-server and a PostgreSQL server this
 script starts for itself (never the shared ones). Meanwhile, at fixed fractions of the run, it
 SIGKILLs a worker (and later starts it again), SIGKILLs a gateway (later starts it again),
-restarts Redis (empty: no persistence) and stops PostgreSQL for a while.
+restarts Redis and stops PostgreSQL for a while.
+
+Redis runs as a Redis holding billing events must: with its append-only file, so a restart
+(SIGTERM, then start) keeps what was written. A Redis that comes back *empty* loses whatever
+it alone held: usage events not yet flushed to PostgreSQL (the flush interval's worth) and
+requests queued but not yet pulled (the gateway re-submits those); tests/e2e/
+test_redis_restart.py covers that case.
 
 What a client does, and how each request counts (a request is one logical client call):
 - A connection refused, or an HTTP 5xx before any answer, is retried on the other gateway
@@ -22,8 +28,8 @@ Usage, from the PostgreSQL rows once everything settled:
   answer's own usage; a gateway-killed request without a row, or billing fewer completion
   tokens than the content chunks its client received.
 - ``usage_doubled``: a row billing more than the answer's usage (completed), more than
-  max_tokens (gateway-killed), any tokens for an attempt that never got an answer, or a row
-  for a request id no client sent.
+  max_tokens (gateway-killed), any tokens for an attempt that never got an answer or for a
+  request id no client saw.
 - ``budget_overshoot``: tokens billed in the usage rows that the key's budget counter in Redis
   does not hold once all is settled (a budget could be overspent by that much; the counter is
   re-seeded from PostgreSQL after the Redis restart). ``budget_leak`` is the reverse: counted
@@ -101,7 +107,7 @@ class Proc:
             start_new_session=True,
         )
 
-    def signal(self, sig: int) -> None:
+    def send(self, sig: int) -> None:
         if self.popen is not None and self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, sig)
@@ -109,11 +115,11 @@ class Proc:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
         if self.popen is None:
             return
-        self.signal(sig)
+        self.send(sig)
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.signal(signal.SIGKILL)
+            self.send(signal.SIGKILL)
             self.popen.wait(5)
         self.popen = None
 
@@ -145,7 +151,8 @@ class Services:
         self.redis = Proc(
             "redis",
             ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", str(root)],
+             "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+             "--dir", str(root)],
             env, root / "redis.log",
         )  # fmt: skip
         self.postgres = Proc(
@@ -218,6 +225,13 @@ class Stack:
         self.model_dir = model_dir
         self.usage_stream = f"sg:usage:soak:{uuid.uuid4().hex[:6]}"
         self.gateway_ports = [free_port(), free_port()]
+        # Routes from a config, as production runs: a model stays known while Redis restarts
+        # (discovery from worker heartbeats would call it unknown until they come back).
+        self.routing_config = root / "routing.yaml"
+        self.routing_config.write_text(
+            f"models:\n  - name: {MODEL}\n    deployments:\n"
+            f"      - provider: engine\n        model: {MODEL}\n"
+        )
         self.workers = [self._worker(i) for i in range(2)]
         self.gateways = [self._gateway(i) for i in range(2)]
 
@@ -240,6 +254,7 @@ class Stack:
     def _gateway(self, index: int) -> Proc:
         env = self._env()
         env.update(
+            SLUICEGATE_CONFIG=str(self.routing_config),
             SLUICEGATE_DATABASE_URL=self.services.database_url,
             SLUICEGATE_REDIS_URL=self.services.redis_url,
             SLUICEGATE_MASTER_KEY=MASTER_KEY,
@@ -430,23 +445,23 @@ async def chaos(stack: Stack, traffic: Traffic, seconds: float, events: list[str
         log(what)
 
     await at(0.12)
-    stack.workers[1].signal(signal.SIGKILL)
+    stack.workers[1].send(signal.SIGKILL)
     note("SIGKILL worker 1")
     await at(0.22)
     await asyncio.to_thread(stack.start_worker, 1)
     note("worker 1 started again")
     await at(0.32)
     traffic.killed_at[1] = time.monotonic()
-    stack.gateways[1].signal(signal.SIGKILL)
+    stack.gateways[1].send(signal.SIGKILL)
     note("SIGKILL gateway 1")
     await at(0.40)
     await asyncio.to_thread(stack.start_gateway, 1)
     note("gateway 1 started again")
     await at(0.52)
-    services.redis.stop(signal.SIGKILL)
-    note("redis-server killed")
+    await asyncio.to_thread(services.redis.stop, signal.SIGTERM)
+    note("redis-server stopped")
     await asyncio.to_thread(services.start_redis)
-    note("redis-server started again (empty)")
+    note("redis-server started again")
     await at(0.70)
     await asyncio.to_thread(services.stop_postgres)
     note("PostgreSQL stopped")
@@ -481,6 +496,7 @@ def account(
     outcomes: list[Outcome],
     rows: dict[str, dict[str, Any]],
     budget_counter: int,
+    problems: list[str],
 ) -> dict[str, Any]:
     lost = doubled = 0
     sent: set[str] = set()
@@ -495,17 +511,30 @@ def account(
                 billed = None if row is None else (row["prompt_tokens"], row["completion_tokens"])
                 if billed is None or sum(billed) < sum(outcome.usage or (0, 0)):
                     lost += 1
+                    problems.append(f"lost {attempt.request_id}: {billed} < {outcome.usage}")
                 elif billed != outcome.usage:
                     doubled += 1
+                    problems.append(f"doubled {attempt.request_id}: {billed} > {outcome.usage}")
             elif attempt is final and outcome.status == "gateway_killed":
                 if row is None or row["completion_tokens"] < outcome.content_chunks:
                     lost += 1
+                    problems.append(f"lost {attempt.request_id} (gateway killed): {row}")
                 elif row["completion_tokens"] > outcome.max_tokens:
                     doubled += 1
+                    problems.append(f"doubled {attempt.request_id} (gateway killed): {row}")
             elif not attempt.answered and row is not None:
                 if row["prompt_tokens"] + row["completion_tokens"] > 0:
                     doubled += 1
-    doubled += len(set(rows) - sent)
+                    problems.append(f"billed unanswered {attempt.request_id}: {row}")
+    # A request the client never got an id for (the gateway was killed while admitting it) is
+    # settled by the reaper; it must bill nothing, since nothing was generated for anyone.
+    unknown = [
+        rid
+        for rid in set(rows) - sent
+        if rows[rid]["prompt_tokens"] + rows[rid]["completion_tokens"] > 0
+    ]
+    doubled += len(unknown)
+    problems += [f"billed a request no client saw: {rows[rid]}" for rid in unknown]
     billed = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows.values())
     return {
         "usage_lost": lost,
@@ -547,12 +576,13 @@ async def soak(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     finally:
         await client.aclose()
     outcomes = traffic.outcomes
+    problems: list[str] = []
     result: dict[str, Any] = {
         "requests": len(outcomes),
         "completed": sum(o.status == "completed" for o in outcomes),
         "cut": sum(o.status == "cut" for o in outcomes),
         "gateway_killed_in_flight": sum(o.status == "gateway_killed" for o in outcomes),
-        **account(outcomes, rows, counter),
+        **account(outcomes, rows, counter, problems),
         "streamed": sum(o.streamed for o in outcomes),
         "retried": sum(len(o.attempts) > 1 for o in outcomes),
         "minutes": args.minutes,
@@ -562,6 +592,8 @@ async def soak(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     cuts = [o.detail for o in outcomes if o.status == "cut"]
     if cuts:
         log(f"cut requests: {cuts[:10]}")
+    for problem in problems[:20]:
+        log(problem)
     return result
 
 

@@ -58,6 +58,7 @@ class Lease(msgspec.Struct, kw_only=True, omit_defaults=True):
     reserved_micros: int = 0
     price: Price | None = None
     team_id: str | None = None
+    epoch: str = ""
     started_at: float
     prompt_tokens: int = 0
     """The real prompt count once the provider reported it, else the admission estimate."""
@@ -77,6 +78,7 @@ class Lease(msgspec.Struct, kw_only=True, omit_defaults=True):
             price=self.price,
             reserved_micros=self.reserved_micros,
             team_id=self.team_id,
+            epoch=self.epoch,
         )
 
     def usage_event(self) -> UsageEvent:
@@ -123,6 +125,7 @@ class LeaseBook:
         self._replicas = replicas_key(settings.usage_stream)
         self._leases: dict[str, Lease] = {}
         self._task: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[None]] = set()
         self.reaped = 0
 
     # ---- this replica's leases -------------------------------------------------------------
@@ -158,13 +161,26 @@ class LeaseBook:
         if prompt_tokens:
             lease.prompt_tokens = prompt_tokens
         lease.delivered_tokens = delivered_tokens
-        lease.first_token = lease.first_token or first_token
         lease.deployment = deployment or lease.deployment
+        if first_token and not lease.first_token:
+            # From now on the request is billed if this replica dies: store that at once.
+            lease.first_token = True
+            task = asyncio.get_running_loop().create_task(self._write(lease))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
 
-    def close_in(self, pipeline: Pipeline, request_id: str) -> None:
-        """Drop the lease on the pipeline that settles the request."""
-        if self._leases.pop(request_id, None) is not None:
-            pipeline.hdel(self._key, request_id)
+    async def _write(self, lease: Lease) -> None:
+        with contextlib.suppress(RedisError):
+            if lease.request_id in self._leases:
+                await self._redis.hset(self._key, lease.request_id, _encoder.encode(lease))
+
+    def forget(self, request_id: str) -> None:
+        """The request is being settled here: renewals no longer carry its lease."""
+        self._leases.pop(request_id, None)
+
+    def drop_in(self, pipeline: Pipeline, request_id: str) -> None:
+        """Delete the stored lease on the pipeline that settles the request."""
+        pipeline.hdel(self._key, request_id)
 
     async def renew(self) -> None:
         """Replace the stored leases with the current ones and extend this replica's life.
@@ -220,7 +236,9 @@ class LeaseBook:
     async def _engine_produced(self, lease: Lease) -> None:
         """Raise the lease's counts to what the engine reports it produced (the worker goes
         on after the replica died; tokens relayed after the last renewal are in there too),
-        and stop generations nobody will read."""
+        and stop generations nobody will read. Only a request that had begun to reach its
+        client is billed: one whose client got nothing (a whole answer not sent yet) is not,
+        as when a client hangs up before its first token."""
         ids = [protocol.attempt_id(lease.request_id, n) for n in range(protocol.MAX_RESUMES + 1)]
         pipe = self._redis.pipeline(transaction=False)
         for engine_id in ids:
@@ -231,8 +249,7 @@ class LeaseBook:
             if not record:
                 continue
             produced = int(record.get(b"n", 0))
-            if produced:
-                lease.first_token = True
+            if lease.first_token:
                 lease.delivered_tokens = max(lease.delivered_tokens, produced)
             if engine_id == lease.request_id and int(record.get(b"p", 0)):
                 lease.prompt_tokens = int(record[b"p"])
@@ -297,6 +314,7 @@ def lease_for(
         reserved_micros=admission.reserved_micros,
         price=admission.price,
         team_id=admission.team_id,
+        epoch=admission.epoch,
         started_at=started_at,
         prompt_tokens=prompt_estimate,
     )

@@ -29,6 +29,7 @@ the time until the window has fully drained (back to the whole limit), e.g. ``1m
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -59,7 +60,8 @@ ADMIT_LUA = """
 -- ARGV: now, window start, window length, tokens, cost (micros), member, slot ttl, scope count,
 -- then per scope: rpm, tpm, parallel, token budget, money budget, budget ttl (-1 = no limit).
 -- KEYS per scope (7): req cur, req prev, tok cur, tok prev, slots, token budget, money budget;
--- then, optionally, the reservation's held marker (see SETTLE_LUA).
+-- then, optionally, the reservation's held marker and the key's epoch (see SETTLE_LUA), with
+-- one more ARGV: the epoch to start when the key has none (Redis started empty).
 local now = tonumber(ARGV[1])
 local elapsed = now - tonumber(ARGV[2])
 local win = tonumber(ARGV[3])
@@ -158,9 +160,16 @@ for s = 0, scopes - 1 do
   table.insert(out, math.floor(math.max(0, tpm - st.tok_used)))
   table.insert(out, math.floor(drain(st.tok_cur, st.tok_prev) * 1000))
 end
+local epoch = ''
 if code == 0 and #KEYS > 7 * scopes then
-  redis.call('set', KEYS[#KEYS], '1', 'EX', math.ceil(slot_ttl))
+  redis.call('set', KEYS[7 * scopes + 1], '1', 'EX', math.ceil(slot_ttl))
+  epoch = redis.call('get', KEYS[7 * scopes + 2])
+  if not epoch then
+    epoch = ARGV[#ARGV]
+    redis.call('set', KEYS[7 * scopes + 2], epoch)
+  end
 end
+table.insert(out, epoch)
 return out
 """
 
@@ -174,14 +183,21 @@ return #KEYS
 """
 
 SETTLE_LUA = """
--- ARGV: token delta, cost delta, member. KEYS per scope (4): tok cur, token budget,
--- money budget, slots; then, optionally, the held marker. A counter gone meanwhile is
--- re-seeded from the database later.
+-- ARGV: token delta, cost delta, member[, admission epoch, reserved tokens, reserved cost].
+-- KEYS per scope (4): tok cur, token budget, money budget, slots; then, optionally, the held
+-- marker and the key's epoch. A counter gone meanwhile is re-seeded from the database later.
 local tokens, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
 local scopes = math.floor(#KEYS / 4)
-if #KEYS > 4 * scopes and redis.call('del', KEYS[#KEYS]) == 0 then
-  -- Settled already (by the serving replica or a lease reaper): only free the slots.
-  tokens, cost = 0, 0
+local extra = 4 * scopes
+if #KEYS > extra and redis.call('del', KEYS[extra + 1]) == 0 then
+  if #KEYS > extra + 1 and redis.call('get', KEYS[extra + 2]) ~= ARGV[4] then
+    -- Redis lost the reservation (it restarted empty): the counters were re-seeded from the
+    -- database without this request, so they take its whole real amount.
+    tokens, cost = tokens + tonumber(ARGV[5]), cost + tonumber(ARGV[6])
+  else
+    -- Settled already (by the serving replica or a lease reaper): only free the slots.
+    tokens, cost = 0, 0
+  end
 end
 for s = 0, scopes - 1 do
   local base = 4 * s
@@ -198,7 +214,8 @@ return 1
 """
 """Settles once: the held marker written at admission goes with the first settle, so when the
 serving replica and a lease reaper (``gateway.leases``) both settle a request, the counters
-are corrected once."""
+are corrected once. A marker missing because Redis restarted empty (the key's epoch changed)
+is told apart from one already settled, so such a request's tokens still reach the budget."""
 
 SEED_ATTEMPTS = 3
 
@@ -289,6 +306,8 @@ class Admission:
     price: Price | None = None
     reserved_micros: int = 0
     team_id: str | None = None
+    epoch: str = ""
+    """The key's counters' epoch at admission (see SETTLE_LUA)."""
 
     def cost_micros(self, prompt_tokens: int, completion_tokens: int, cached: int = 0) -> int:
         """The real cost at the price in force at admission (0 for an unpriced model)."""
@@ -367,7 +386,7 @@ class RateLimiter:
             for index in range(len(scopes)):
                 base = 7 * index
                 settle_keys += [keys[base + 2], keys[base + 5], keys[base + 6], keys[base + 4]]
-            settle_keys.append(keys[-1])
+            settle_keys += keys[-2:]
             return Admission(
                 key.id,
                 request_id,
@@ -377,6 +396,7 @@ class RateLimiter:
                 price=price,
                 reserved_micros=cost,
                 team_id=key.team.id if key.team is not None else None,
+                epoch=_text(result[-1]) if len(result) > 4 + 4 * len(scopes) else "",
             )
         REJECTIONS.labels(_REJECTION_REASONS[code]).inc()
         kind, scope = scopes[failed]
@@ -419,8 +439,9 @@ class RateLimiter:
                 _limit(scope.max_budget_micros),
                 budget_ttl,
             ]
-        held = f"{scope_tag('key', key.id, team_id)}:held:{request_id}"
-        return [*keys, held], args
+        tag = scope_tag("key", key.id, team_id)
+        args.append(os.urandom(6).hex())
+        return [*keys, f"{tag}:held:{request_id}", f"{tag}:epoch"], args
 
     async def _seed(self, key: KeyLimits, keys: list[str], missing: list[int], now: float) -> None:
         """Restores missing budget counters from the period's committed usage in PostgreSQL."""
@@ -464,20 +485,29 @@ class RateLimiter:
             self._settle_sha,
             len(keys),
             *keys,
-            actual_tokens - admission.reserved_tokens,
-            actual_micros - admission.reserved_micros,
-            admission.request_id,
+            *_settle_args(admission, actual_tokens, actual_micros),
         )
 
     async def settle(
         self, admission: Admission, actual_tokens: int, actual_micros: int = 0
     ) -> None:
-        args = [
-            actual_tokens - admission.reserved_tokens,
-            actual_micros - admission.reserved_micros,
-            admission.request_id,
-        ]
+        args = _settle_args(admission, actual_tokens, actual_micros)
         await self._evalsha("_settle_sha", SETTLE_LUA, admission.settle_keys, args)
+
+
+def _settle_args(admission: Admission, actual_tokens: int, actual_micros: int) -> list[Any]:
+    return [
+        actual_tokens - admission.reserved_tokens,
+        actual_micros - admission.reserved_micros,
+        admission.request_id,
+        admission.epoch,
+        admission.reserved_tokens,
+        admission.reserved_micros,
+    ]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _headers(scopes: list[tuple[str, ScopeLimits]], values: list[Any]) -> dict[str, str]:

@@ -4,6 +4,7 @@ record the outcome. Runs once per admitted call, whatever its end."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
     from gateway.call import Call
 
 logger = logging.getLogger(__name__)
+
+_SETTLE_ATTEMPTS = 4
 
 
 async def settle(call: Call) -> None:
@@ -47,20 +50,20 @@ async def settle(call: Call) -> None:
         finished_at=time.time(),
     )
     services = call.services
-    try:
-        pipe = services.redis.pipeline(transaction=False)
-        pipe.execute_command(*services.limiter.settle_command(call.admission, billed_total, cost))
-        services.recorder.record_in(pipe, event)
-        if services.leases is not None:
-            services.leases.close_in(pipe, call.request_id)
-        settled, recorded, *_ = await pipe.execute(raise_on_error=False)
-        if isinstance(recorded, Exception):
-            logger.error("usage of %s not recorded: %s", call.request_id, recorded)
-        if isinstance(settled, Exception):
-            # The settle script was forgotten (Redis restart): load it, settle again.
-            await services.limiter.settle(call.admission, billed_total, cost)
-    except RedisError:
-        logger.exception("could not settle %s or record its usage", call.request_id)
+    if services.leases is not None:
+        services.leases.forget(call.request_id)
+    for attempt in range(_SETTLE_ATTEMPTS):
+        try:
+            await _settle_and_record(call, event, billed_total, cost)
+            break
+        except RedisError:
+            # A pooled connection Redis closed (restart, failover) fails once; settling again
+            # is safe: the held marker lets only one settle move the counters, and usage rows
+            # are idempotent on request id.
+            if attempt + 1 == _SETTLE_ATTEMPTS:
+                logger.exception("could not settle %s or record its usage", call.request_id)
+            else:
+                await asyncio.sleep(0.2 * 2**attempt)
     metrics = model_metrics(call.public_model)
     metrics.requests(call.status).inc()
     metrics.prompt_tokens.inc(usage.prompt_tokens)
@@ -83,3 +86,18 @@ async def settle(call: Call) -> None:
         if call.status != "ok":
             call.span.set_attribute("error.type", call.status)
     call.span.end()
+
+
+async def _settle_and_record(call: Call, event: UsageEvent, billed_total: int, cost: int) -> None:
+    services = call.services
+    pipe = services.redis.pipeline(transaction=False)
+    pipe.execute_command(*services.limiter.settle_command(call.admission, billed_total, cost))
+    services.recorder.record_in(pipe, event)
+    if services.leases is not None:
+        services.leases.drop_in(pipe, call.request_id)
+    settled, recorded, *_ = await pipe.execute(raise_on_error=False)
+    if isinstance(recorded, Exception):
+        logger.error("usage of %s not recorded: %s", call.request_id, recorded)
+    if isinstance(settled, Exception):
+        # The settle script was forgotten (Redis restart): load it, settle again.
+        await services.limiter.settle(call.admission, billed_total, cost)

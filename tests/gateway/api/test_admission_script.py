@@ -143,28 +143,53 @@ def test_a_team_keys_counters_and_the_teams_share_one_cluster_slot(redis: Redis)
         team=team,
     )
     keys, _ = RateLimiter(redis, slot_ttl_s=1)._admission_call(key, "r", 10, 20, time.time())
-    assert len(keys) == 15  # seven per scope, then the reservation's held marker
+    assert len(keys) == 16  # seven per scope, then the reservation's held marker and epoch
     assert keys[14] == f"sg:rl:{{{team.id}}}:k:{key.id}:held:r"
+    assert keys[15] == f"sg:rl:{{{team.id}}}:k:{key.id}:epoch"
     assert len({key_slot(name.encode()) for name in keys}) == 1
     assert all(name.startswith(f"sg:rl:{{{team.id}}}:") for name in keys)
     assert keys[6].startswith(f"sg:rl:{{{team.id}}}:k:{key.id}:m:")
     assert keys[13].startswith(f"sg:rl:{{{team.id}}}:team:m:")
 
 
+async def _admit_held(redis: Redis, keys: list[str], request_id: str, epoch: str) -> str:
+    """Admit 60 tokens (1000 a minute, a budget of 1000); the epoch the admission saw."""
+    args = [61.0, 60.0, 60, 60, 0, request_id, 30, 1, -1, 1000, 2, 1000, -1, 3600, epoch]
+    result = await redis.eval(ADMIT_LUA, len(keys), *keys, *args)
+    assert result[0] == 0
+    return result[-1].decode()
+
+
 async def test_a_reservation_settled_twice_is_corrected_once(redis: Redis) -> None:
     """The serving replica and a lease reaper may both settle one request: the held marker
     booked at admission lets only the first settle move the counters (both free the slot)."""
     tag = f"sg:rl:{{{uuid.uuid4().hex}}}"
-    keys = [*_keys(tag), f"{tag}:held:a"]
+    keys = [*_keys(tag), f"{tag}:held:a", f"{tag}:epoch"]
     await redis.set(keys[5], 0)
-    args = [61.0, 60.0, 60, 60, 0, "a", 30, 1, -1, 100, 2, 1000, -1, 3600]
-    assert (await redis.eval(ADMIT_LUA, len(keys), *keys, *args))[0] == 0
-    assert await redis.exists(keys[7])
-    settle = [keys[2], keys[5], keys[6], keys[4], keys[7]]
-    await redis.eval(SETTLE_LUA, len(settle), *settle, 15 - 60, 0, "a")
-    await redis.eval(SETTLE_LUA, len(settle), *settle, 20 - 60, 0, "a")
-    assert int(await redis.get(keys[2])) == 15
-    assert int(await redis.get(keys[5])) == 15
-    assert await redis.zcard(keys[4]) == 0
+    epoch = await _admit_held(redis, keys, "a", "e1")
+    assert epoch == "e1" and await redis.exists(keys[7])
+    assert await _admit_held(redis, [*keys[:7], f"{tag}:held:b", keys[8]], "b", "e2") == "e1"
+    settle = [keys[2], keys[5], keys[6], keys[4], keys[7], keys[8]]
+    for real in (15, 20):
+        await redis.eval(SETTLE_LUA, len(settle), *settle, real - 60, 0, "a", epoch, 60, 0)
+    assert int(await redis.get(keys[2])) == 15 + 60  # "b" still holds its 60
+    assert int(await redis.get(keys[5])) == 15 + 60
+    assert await redis.zcard(keys[4]) == 1
     assert not await redis.exists(keys[7])
-    await redis.delete(*keys)
+    await redis.delete(*keys, f"{tag}:held:b")
+
+
+async def test_a_reservation_redis_lost_is_settled_in_full(redis: Redis) -> None:
+    """Redis restarted empty between admission and settle: the budget counter was re-seeded
+    (here: 100 tokens of earlier usage) without the reservation, so it takes the real count."""
+    tag = f"sg:rl:{{{uuid.uuid4().hex}}}"
+    keys = [*_keys(tag), f"{tag}:held:a", f"{tag}:epoch"]
+    await redis.set(keys[5], 0)
+    epoch = await _admit_held(redis, keys, "a", "before")
+    await redis.delete(*keys)  # the restart
+    await redis.set(keys[5], 100)  # re-seeded from the database
+    await _admit_held(redis, [*keys[:7], f"{tag}:held:b", keys[8]], "b", "after")
+    settle = [keys[2], keys[5], keys[6], keys[4], keys[7], keys[8]]
+    await redis.eval(SETTLE_LUA, len(settle), *settle, 15 - 60, 0, "a", epoch, 60, 0)
+    assert int(await redis.get(keys[5])) == 100 + 60 + 15  # seed + b's reservation + a's 15
+    await redis.delete(*keys, f"{tag}:held:b")
