@@ -96,7 +96,9 @@ class DecodeGraphs:
 
     def padded_size(self, step: StepArrays) -> int | None:
         n = len(step.seq_lens)
-        if not step.decode_only or n > self.max_size:
+        # A graph returns logits for every row, so every row must sample: a one-token
+        # prefill chunk short of its prompt's end is not a decode.
+        if not step.decode_only or len(step.sample_rows) != n or n > self.max_size:
             return None
         return next(s for s in self.sizes if s >= n)
 

@@ -68,7 +68,9 @@ class EngineOptions:
     # On CUDA the forward is compiled (torch.compile) and decode steps replay CUDA graphs,
     # both prepared at start-up; True runs plain eager PyTorch instead.
     enforce_eager: bool = False
-    # On CPU, torch.compile of the forward too (off by default: see README's bench notes).
+    # On CPU, torch.compile of the forward too. Off by default: on this project's CPUs it
+    # measured slower than eager with oneDNN linears (bench/engine_throughput.py
+    # --cpu-compile: 0.93x), and it adds a minute or more of start-up.
     cpu_compile: bool = False
 
 
