@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from engine.choice_output import ChoiceOutput, ChoiceText
 from engine.guided import GrammarGuide
-from engine.reasoning import ReasoningSplitter, prompt_opens_reasoning
+from engine.reasoning import START, ReasoningSplitter, prompt_opens_reasoning
 from engine.request_options import RequestOptions
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
@@ -59,18 +59,22 @@ class Choice:
     ) -> Choice:
         """A choice with only what its request needs: a plain one gets no parser or guide."""
         output = None
+        thinking_token = None
         if group.reasoning or group.options.uses_tools:
             splitter = None
             if group.reasoning:
                 tail = tokenizer.decode(seq.prompt_token_ids[-4:])
                 splitter = ReasoningSplitter(prompt_opens_reasoning(tail))
+                if not splitter.decided:
+                    thinking_token = tokenizer.single_token_id(START)
             parser = None
             if group.options.uses_tools and tool_parser is not None:
                 parser = make_tool_parser(tool_parser)
             output = ChoiceOutput(splitter, parser, group.options.parallel_tool_calls)
         guide = None
         if group.compiled_grammar is not None:
-            guide = GrammarGuide(group.compiled_grammar, output is None or output.in_answer)
+            active = output is None or output.in_answer
+            guide = GrammarGuide(group.compiled_grammar, active, thinking_token)
         detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_token_ids, seq.params.stop)
         return cls(seq, detokenizer, group, index, output, guide)
 

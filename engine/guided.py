@@ -16,21 +16,26 @@ logger = logging.getLogger(__name__)
 
 class GrammarGuide:
     """One sequence's matcher. ``active`` is False while a thinking model is still reasoning:
-    the grammar governs the answer only."""
+    the grammar governs the answer only. ``thinking_token`` (a thinking model whose output may
+    open with ``<think>``) is allowed as the first token besides what the grammar allows."""
 
-    def __init__(self, compiled: Any, active: bool = True) -> None:
+    def __init__(
+        self, compiled: Any, active: bool = True, thinking_token: int | None = None
+    ) -> None:
         import xgrammar
 
-        self.compiled = compiled
         self.matcher = xgrammar.GrammarMatcher(compiled)
         self.active = active
-
-    def fork(self) -> GrammarGuide:
-        """A fresh guide for a sibling choice (it has accepted nothing yet)."""
-        return GrammarGuide(self.compiled, self.active)
+        self.thinking_token = thinking_token if active else None
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False if the grammar refuses it."""
+        if self.thinking_token is not None:
+            opened_thinking = token_id == self.thinking_token
+            self.thinking_token = None
+            if opened_thinking:
+                self.active = False  # back on once the answer begins
+                return True
         if not self.active:
             return True
         return bool(self.matcher.accept_token(token_id))
@@ -63,6 +68,11 @@ class TokenBitmask:
         bitmask = self._bitmask[: len(guides)]
         matchers = [guides[row].matcher for row in rows]  # type: ignore[union-attr]
         self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask, indices=rows)
+        for row in rows:
+            token = guides[row].thinking_token  # type: ignore[union-attr]
+            if token is not None:
+                word, bit = divmod(token, 32)
+                bitmask[row, word] |= (1 << bit) if bit < 31 else -(1 << 31)
         if logits.device.type != "cpu":
             bitmask = bitmask.to(logits.device, non_blocking=True)
         xgrammar.apply_token_bitmask_inplace(

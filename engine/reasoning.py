@@ -28,6 +28,11 @@ class ReasoningSplitter:
         self._strip_next = in_reasoning
 
     @property
+    def decided(self) -> bool:
+        """False until the output shows whether it opens with a thinking block."""
+        return self._state != "undecided"
+
+    @property
     def in_answer(self) -> bool:
         """Past the thinking block, or not (yet) in one: a grammar governs the text from here."""
         return self._state != "reasoning"

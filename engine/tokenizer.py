@@ -38,6 +38,11 @@ class Tokenizer:
             return template.get("tool_use") or template.get("default")
         return template
 
+    def single_token_id(self, text: str) -> int | None:
+        """The id of the one token that is exactly ``text`` (an added token), if any."""
+        ids = self.hf.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
     def token_bytes(self, token_id: int) -> bytes:
         """The exact bytes one token stands for (byte-level and byte-fallback aware)."""
         if self._token_bytes is None:

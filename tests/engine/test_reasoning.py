@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -66,3 +67,32 @@ def test_the_grammar_governs_only_the_answer(qwen3: LLM) -> None:
     assert out.token_ids[0] == end_think_id(qwen3), "the grammar did not mask the thinking part"
     assert out.reasoning_text == "" and out.finish_reason == "stop"
     jsonschema.validate(json.loads(out.text), SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def qwen3_writes_its_own_think(
+    model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> LLM:
+    """Qwen3's original layout: the generation prompt stops at the assistant header and the
+    model itself opens ``<think>`` (or answers at once)."""
+    folder = tmp_path_factory.mktemp("qwen3-own-think")
+    shutil.copytree(model_dirs["qwen3"], folder, dirs_exist_ok=True)
+    template = folder / "chat_template.jinja"
+    template.write_text(template.read_text().replace("{{- '<think>\\n' }}", ""))
+    return LLM(str(folder), num_kv_blocks=128)
+
+
+def test_a_grammar_still_lets_the_model_open_its_thinking(qwen3_writes_its_own_think: LLM) -> None:
+    llm = qwen3_writes_its_own_think
+    think = llm.tokenizer.hf.convert_tokens_to_ids("<think>")
+    options = RequestOptions(structured=Structured("json_schema", json_schema=json.dumps(SCHEMA)))
+    params = SamplingParams(max_tokens=6, temperature=0, logit_bias={think: 100})
+    (thinking,) = llm.chat(MESSAGES, params, options)
+    assert not llm.tokenizer.decode(thinking.prompt_token_ids).endswith("<think>\n")
+    assert thinking.token_ids[0] == think, "the grammar kept the model from thinking"
+    assert thinking.text == "" and thinking.reasoning_text != ""
+
+    answer_params = SamplingParams(max_tokens=80, temperature=0, logit_bias={think: -100})
+    (answer,) = llm.chat(MESSAGES, answer_params, options)
+    assert answer.reasoning_text == "" and answer.finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.text), SCHEMA)
