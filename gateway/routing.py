@@ -19,7 +19,6 @@ waiting for its timeout.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import math
 import random
 import time
@@ -35,16 +34,8 @@ from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder, Usa
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import Provider, ProviderError
 from gateway.providers.hosted import Sessions
-from gateway.providers.openai import CONNECT_TIMEOUT_S, OpenAIProvider
-from gateway.routing_config import (
-    HOSTED_KINDS,
-    ConfigError,
-    Deployment,
-    ModelRoute,
-    api_key,
-    hosted_provider,
-    route_options,
-)
+from gateway.providers.openai import CONNECT_TIMEOUT_S
+from gateway.routing_config import ConfigError, Deployment, ModelRoute, RouteFactory
 from gateway.routing_discovery import Discovery
 from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
@@ -130,7 +121,7 @@ class Router:
         self.discovering = routes is None
         self._routes: dict[str, ModelRoute] = {}
         self._names: dict[str, ModelRoute] = {}
-        self._pending_names: set[str] = set()
+        self._factory = RouteFactory(settings, redis, client, self.sessions)
         self._discovery = Discovery(redis, self._add_engine_model)
         for route in routes or []:
             self._add(route)
@@ -151,85 +142,15 @@ class Router:
     # ---- configuration -----------------------------------------------------------------------
 
     def routes_from_config(self, config: dict[str, Any]) -> list[ModelRoute]:
-        models = config.get("models")
-        if not isinstance(models, list):
-            raise ConfigError("the routing config needs a top-level 'models' list")
-        routes = []
-        for entry in models:
-            if not isinstance(entry, dict) or not entry.get("name"):
-                raise ConfigError(f"every model needs a name: {entry!r}")
-            deployments = [self.make_deployment(d) for d in entry.get("deployments") or []]
-            if not deployments:
-                raise ConfigError(f"model {entry['name']!r} has no deployments")
-            aliases = list(entry.get("aliases") or [])
-            routes.append(ModelRoute(entry["name"], aliases, deployments, **route_options(entry)))
-        names = {n for r in routes for n in [r.name, *r.aliases]} | set(self._names)
-        for route in routes:
-            for other in route.fallbacks + route.context_window_fallbacks:
-                if other not in names:
-                    raise ConfigError(f"model {route.name!r} falls back to unknown {other!r}")
-        return routes
+        return self._factory.routes(config, set(self._names))
 
     def make_deployment(self, spec: dict[str, Any]) -> Deployment:
-        kind = spec.get("provider")
-        model = spec.get("model")
-        if not model:
-            raise ConfigError(f"deployment needs a model: {spec!r}")
-        weight = float(spec.get("weight", 1.0))
-        mode = spec.get("mode", "chat")
-        if mode not in ("chat", "embeddings") or (mode == "embeddings" and kind != "openai"):
-            raise ConfigError(
-                f"deployment mode must be chat or embeddings (embeddings: provider openai): "
-                f"{spec!r}"
-            )
-        if weight <= 0:
-            raise ConfigError(f"deployment weight must be positive: {spec!r}")
-        provider: Provider
-        if kind == "openai":
-            base_url = spec.get("base_url")
-            if not base_url:
-                raise ConfigError(f"openai deployment needs base_url: {spec!r}")
-            provider = OpenAIProvider(
-                name=spec.get("name") or self._unique_name(f"openai:{model}"),
-                base_url=base_url,
-                model=model,
-                client=self.client,
-                api_key=api_key(spec),
-                read_timeout_s=self._settings.request_timeout_s,
-            )
-        elif kind == "engine":
-            provider = self._engine_provider(model)
-        elif kind in HOSTED_KINDS:
-            name = spec.get("name") or self._unique_name(f"{kind}:{model}")
-            timeout = self._settings.request_timeout_s
-            provider = hosted_provider(kind, spec, name, self.sessions, timeout)
-        else:
-            kinds = ", ".join(("openai", "engine", *HOSTED_KINDS))
-            raise ConfigError(f"unknown provider kind {kind!r} (expected one of {kinds})")
-        window = int(spec.get("context_window") or 0)
-        return Deployment(provider, kind, model, weight=weight, mode=mode, context_window=window)
-
-    def _unique_name(self, base: str) -> str:
-        """A default deployment name: it labels metrics and shows in errors, so it names the
-        model, never the upstream's URL; a second deployment of one model gets ``#2``."""
-        taken = {d.name for route in self._routes.values() for d in route.deployments}
-        taken |= self._pending_names
-        name, n = base, 1
-        while name in taken:
-            n += 1
-            name = f"{base}#{n}"
-        self._pending_names.add(name)
-        return name
-
-    def _engine_provider(self, model: str) -> Provider:
-        # Imported here so the HTTP-only gateway works without the transport module loaded.
-        module = importlib.import_module("gateway.providers.engine")
-        provider: Provider = module.EngineProvider(self._redis, self._settings, model=model)
-        return provider
+        return self._factory.deployment(spec)
 
     def _add_engine_model(self, model: str) -> None:
         if model not in self._routes:
-            deployment = Deployment(self._engine_provider(model), kind="engine", model=model)
+            provider = self._factory.engine_provider(model)
+            deployment = Deployment(provider, kind="engine", model=model)
             self._add(ModelRoute(model, deployments=[deployment]))
 
     def _add(self, route: ModelRoute) -> None:

@@ -50,10 +50,14 @@ so a routing file can never send the gateway's own secrets (master key, database
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx
+from redis.asyncio import Redis
 
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.azure import DEFAULT_API_VERSION, AzureProvider
@@ -61,6 +65,8 @@ from gateway.providers.base import Provider
 from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.gemini import GeminiProvider
 from gateway.providers.hosted import Sessions
+from gateway.providers.openai import OpenAIProvider
+from gateway.settings import Settings
 
 HOSTED_KINDS = ("anthropic", "gemini", "azure", "bedrock")
 
@@ -165,3 +171,91 @@ def hosted_provider(
     if kind == "bedrock":
         return BedrockProvider(region=spec.get("region"), base_url=base_url, **common)
     raise ConfigError(f"unknown provider kind {kind!r}")
+
+
+class RouteFactory:
+    """Routes and deployments from the YAML's entries; default deployment names are unique."""
+
+    def __init__(
+        self, settings: Settings, redis: Redis, client: httpx.AsyncClient, sessions: Sessions
+    ) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._client = client
+        self._sessions = sessions
+        self._names: set[str] = set()
+
+    def routes(self, config: dict[str, Any], known_models: set[str]) -> list[ModelRoute]:
+        models = config.get("models")
+        if not isinstance(models, list):
+            raise ConfigError("the routing config needs a top-level 'models' list")
+        routes = []
+        for entry in models:
+            if not isinstance(entry, dict) or not entry.get("name"):
+                raise ConfigError(f"every model needs a name: {entry!r}")
+            deployments = [self.deployment(d) for d in entry.get("deployments") or []]
+            if not deployments:
+                raise ConfigError(f"model {entry['name']!r} has no deployments")
+            aliases = list(entry.get("aliases") or [])
+            routes.append(ModelRoute(entry["name"], aliases, deployments, **route_options(entry)))
+        names = {n for r in routes for n in [r.name, *r.aliases]} | known_models
+        for route in routes:
+            for other in route.fallbacks + route.context_window_fallbacks:
+                if other not in names:
+                    raise ConfigError(f"model {route.name!r} falls back to unknown {other!r}")
+        return routes
+
+    def deployment(self, spec: dict[str, Any]) -> Deployment:
+        kind = spec.get("provider")
+        model = spec.get("model")
+        if not model:
+            raise ConfigError(f"deployment needs a model: {spec!r}")
+        weight = float(spec.get("weight", 1.0))
+        mode = spec.get("mode", "chat")
+        if mode not in ("chat", "embeddings") or (mode == "embeddings" and kind != "openai"):
+            raise ConfigError(
+                f"deployment mode must be chat or embeddings (embeddings: provider openai): "
+                f"{spec!r}"
+            )
+        if weight <= 0:
+            raise ConfigError(f"deployment weight must be positive: {spec!r}")
+        provider: Provider
+        timeout = self._settings.request_timeout_s
+        if kind == "openai":
+            base_url = spec.get("base_url")
+            if not base_url:
+                raise ConfigError(f"openai deployment needs base_url: {spec!r}")
+            provider = OpenAIProvider(
+                name=spec.get("name") or self._unique_name(f"openai:{model}"),
+                base_url=base_url,
+                model=model,
+                client=self._client,
+                api_key=api_key(spec),
+                read_timeout_s=timeout,
+            )
+        elif kind == "engine":
+            provider = self.engine_provider(model)
+        elif kind in HOSTED_KINDS:
+            name = spec.get("name") or self._unique_name(f"{kind}:{model}")
+            provider = hosted_provider(kind, spec, name, self._sessions, timeout)
+        else:
+            kinds = ", ".join(("openai", "engine", *HOSTED_KINDS))
+            raise ConfigError(f"unknown provider kind {kind!r} (expected one of {kinds})")
+        self._names.add(provider.name)
+        window = int(spec.get("context_window") or 0)
+        return Deployment(provider, kind, model, weight=weight, mode=mode, context_window=window)
+
+    def _unique_name(self, base: str) -> str:
+        """A default deployment name: it labels metrics and shows in errors, so it names the
+        model, never the upstream's URL; a second deployment of one model gets ``#2``."""
+        name, n = base, 1
+        while name in self._names:
+            n += 1
+            name = f"{base}#{n}"
+        return name
+
+    def engine_provider(self, model: str) -> Provider:
+        # Imported here so the HTTP-only gateway works without the transport module loaded.
+        module = importlib.import_module("gateway.providers.engine")
+        provider: Provider = module.EngineProvider(self._redis, self._settings, model=model)
+        return provider
