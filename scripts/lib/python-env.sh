@@ -32,6 +32,13 @@ use_project_python() {
         _install "$PY" "$extras"
         return 0
     fi
+    # A .venv made by another interpreter than the one $PYTHON names now is made again.
+    local prefix='import sys; print(sys.base_prefix)'
+    if [[ -n "${PYTHON:-}" && -x "$venv/bin/python" ]] &&
+        [[ "$("$venv/bin/python" -c "$prefix")" != "$("$base" -c "$prefix")" ]]; then
+        _say "$venv was made by another Python than $PYTHON; making it again"
+        rm -rf "$venv"
+    fi
     if [[ ! -x "$venv/bin/python" ]]; then
         _say "creating the project virtualenv $venv with $("$base" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
         if ! "$base" -m venv "$venv"; then
