@@ -171,6 +171,12 @@ class Worker:
                 while self.in_flight:
                     self._room.clear()
                     await self._room.wait()
+        if self.in_flight:
+            logger.warning(
+                "drain timeout (%gs) passed with %d requests in flight; handing them back",
+                self.options.drain_timeout_s,
+                len(self.in_flight),
+            )
         for item in list(self.in_flight.values()):
             # Unstarted requests are simply not acknowledged: another worker claims them once
             # their idle time passes. Started ones cannot move; their client gets an error.
