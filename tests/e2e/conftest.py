@@ -337,6 +337,13 @@ class Reference:
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         return self.llm.chat([[{"role": "user", "content": prompt}]], params)[0]
 
+    def chat_many(self, prompts: list[str], max_tokens: int) -> list[Any]:
+        """``chat`` for several prompts in one batched run (each row is its own greedy answer)."""
+        from engine import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        return self.llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
+
     def texts_after_each_token(self, output: Any) -> list[str]:
         """``texts[k]`` is what a client has seen once the first ``k`` tokens were streamed."""
         from engine.tokenizer import IncrementalDetokenizer
