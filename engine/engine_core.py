@@ -439,6 +439,7 @@ class EngineCore:
         stats = self.scheduler.stats()
         stats["kv_block_size"] = self.options.block_size
         stats["num_generated_tokens"] = self.num_generated_tokens
+        stats["thinking"] = self.reasoning
         return stats
 
 

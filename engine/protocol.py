@@ -303,6 +303,8 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     block_size: int = 16
     draining: bool = False
     """Shutting down: finishing what it holds, pulling nothing new."""
+    thinking: bool = False
+    """The checkpoint's chat template has a thinking mode (``<think>`` blocks)."""
     queue_ms: float = 0.0
     """How long the oldest request waiting for its first step had waited at ``time`` (0: no
     queue), so a gateway can send a burst's excess elsewhere (spill-over)."""

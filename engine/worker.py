@@ -701,6 +701,7 @@ class Worker:
             block_size=int(stats.get("kv_block_size", 16) or 16),
             draining=self._draining,
             queue_ms=_queue_ms(stats.get("oldest_waiting_arrival")),
+            thinking=bool(stats.get("thinking")),
         )
 
     async def _heartbeat_once(self) -> None:

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from engine import protocol
 from engine.redis_client import async_client
 from gateway.canonical import ChatRequest, Chunk, Usage
-from gateway.providers.base import ProviderError
+from gateway.providers.base import ProviderError, unsupported_field
 from gateway.providers.engine_replies import TRANSPORT_DOWN, ReplyReader
 from gateway.providers.engine_wire import choice_delta, unsupported, wire_request
 from gateway.providers.prefix_affinity import prefix_hashes, render_prompt
@@ -143,6 +143,9 @@ class EngineProvider:
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         workers = await self._workers_or_503()
+        refusal = self._no_thinking_mode(request, workers)
+        if refusal is not None:
+            raise refusal
         deadline = request.deadline or time.time() + self.settings.request_timeout_s
         message = wire_request(
             request, self.model, deadline, self._replies.stream, self._default_max_tokens(request)
@@ -223,7 +226,21 @@ class EngineProvider:
         return self.settings.default_max_tokens if request.messages is not None else 16
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
-        return unsupported(request)
+        return unsupported(request) or self._no_thinking_mode(request, self._workers)
+
+    def _no_thinking_mode(
+        self, request: ChatRequest, workers: dict[str, protocol.Heartbeat]
+    ) -> ProviderError | None:
+        """Anthropic's ``thinking`` asks for the checkpoint's thinking mode: a 400 when the
+        workers (as their heartbeats say) serve one without."""
+        thinking = request.thinking
+        if thinking is None or thinking.type == "disabled" or not workers:
+            return None
+        if any(beat.thinking for beat in workers.values()):
+            return None
+        return unsupported_field(
+            "thinking", f"The model '{self.model}' has no thinking mode; leave out 'thinking'."
+        )
 
     async def _workers_or_503(self) -> dict[str, protocol.Heartbeat]:
         try:

@@ -206,3 +206,23 @@ def test_responses_logprobs_when_included(gateway: Gateway, model: str) -> None:
     logprobs = message.content[0].logprobs  # type: ignore[union-attr]
     assert logprobs is not None and len(logprobs) == response.usage.output_tokens  # type: ignore[union-attr]
     assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in logprobs)
+
+
+def test_thinking_on_a_model_without_a_thinking_mode_is_a_400(
+    claude: anthropic.Anthropic, model: str
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model=model,
+            max_tokens=2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+            messages=[{"role": "user", "content": "hi"}],
+        )
+    assert "thinking" in caught.value.body["error"]["message"]  # type: ignore[index]
+    message = claude.messages.create(
+        model=model,
+        max_tokens=2,
+        thinking={"type": "disabled"},
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    assert message.usage.output_tokens > 0
