@@ -106,6 +106,8 @@ class RequestDelta:
     tool_calls: list[ToolCallDelta] = field(default_factory=list)
     done: bool = False
     """The request's last delta: every choice has finished."""
+    stop_sequence: str | None = None
+    """The client's stop string that ended this choice."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -414,6 +416,8 @@ class EngineCore:
         if reason == "stop" and request.output is not None and request.output.num_tool_calls:
             reason = "tool_calls"
         delta.finish_reason = reason
+        if reason == "stop":
+            delta.stop_sequence = request.detokenizer.stopped_by
         if request.index == 0:
             group.num_cached_tokens = seq.num_cached_tokens
         delta.done = group.finish(request.index)

@@ -253,6 +253,8 @@ class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
     index: int = 0
     """Choice index (``n`` > 1); each choice ends with its own ``finish_reason``, and ``usage``
     on a final delta is cumulative for the whole request (prompt counted once)."""
+    stop_sequence: str | None = None
+    """On a final delta: the client's stop string that ended the choice, if one did."""
     reasoning_text: str = ""
     """Thinking text, never mixed into ``text``."""
     tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)

@@ -157,6 +157,8 @@ class IncrementalDetokenizer:
         self._emitted = 0
         self.text = ""
         self.stopped = False
+        self.stopped_by: str | None = None
+        """The stop string that ended the text."""
 
     def add_token(self, token_id: int) -> None:
         if self.stopped:
@@ -183,9 +185,10 @@ class IncrementalDetokenizer:
         self.text += new_text
         if not self._stop:
             return
-        hits = [i for s in self._stop if (i := self.text.find(s, search_from)) >= 0]
+        hits = [(i, s) for s in self._stop if (i := self.text.find(s, search_from)) >= 0]
         if hits:
-            self.text = self.text[: min(hits)]
+            at, self.stopped_by = min(hits, key=lambda hit: hit[0])
+            self.text = self.text[:at]
             self.stopped = True
 
     def pop_delta(self, final: bool = False) -> str:

@@ -486,6 +486,7 @@ class Worker:
             reasoning_text=reasoning_text,
             tool_calls=tool_calls,
             logprobs=wire_logprobs,
+            stop_sequence=getattr(output, "stop_sequence", None),
         )
         item.seq += 1
         # "Started" means the client may have been shown text: from then on the request

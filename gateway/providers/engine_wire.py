@@ -203,4 +203,5 @@ def choice_delta(delta: protocol.Delta) -> canonical.ChoiceDelta:
         ]
         or None,
         finish_reason=delta.finish_reason,
+        stop_sequence=delta.stop_sequence,
     )

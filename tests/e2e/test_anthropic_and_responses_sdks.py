@@ -226,3 +226,26 @@ def test_thinking_on_a_model_without_a_thinking_mode_is_a_400(
         messages=[{"role": "user", "content": "hi"}],
     )
     assert message.usage.output_tokens > 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_stop_sequence_is_reported(claude: anthropic.Anthropic, model: str, stream: bool) -> None:
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "max_tokens": 12,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "extra_body": {"temperature": 0.0},
+    }
+    free = claude.messages.create(**kwargs)
+    text = free.content[0].text  # type: ignore[union-attr]
+    stop = text[len(text) // 2 :][:2]
+    assert stop.strip(), text
+    kwargs["stop_sequences"] = [stop]
+    if stream:
+        with claude.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = claude.messages.create(**kwargs)
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == stop
+    assert stop not in message.content[0].text  # type: ignore[union-attr]
+    assert text.startswith(message.content[0].text)  # type: ignore[union-attr]
