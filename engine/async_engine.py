@@ -40,7 +40,6 @@ class _PendingRequest:
     grammar: Future[Any] | None = None
     """The request's grammar, compiling off the step loop; it waits until this is done."""
     resume_token_ids: list[int] | None = None
-    resume_text_chars: int = 0
 
     @property
     def ready(self) -> bool:
@@ -132,7 +131,6 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         options: RequestOptions | None = None,
         resume_token_ids: list[int] | None = None,
-        resume_text_chars: int = 0,
     ) -> AsyncIterator[RequestDelta]:
         """Submit a request (exactly one of prompt, prompt_token_ids, messages) and stream its
         deltas (with ``options.n`` choices, interleaved; the last one has ``done``). A request
@@ -163,7 +161,6 @@ class AsyncEngine:
                 options,
                 grammar,
                 resume_token_ids,
-                resume_text_chars,
             )
         )
         self._wake.set()
@@ -275,7 +272,6 @@ class AsyncEngine:
                     grammar,
                     chat=request.messages is not None,
                     resume_token_ids=request.resume_token_ids,
-                    resume_text_chars=request.resume_text_chars,
                 )
             except ValueError as exc:
                 errors.append((request.request_id, exc))

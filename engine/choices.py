@@ -97,12 +97,12 @@ class Choice:
             self.guide.active = self.output.in_answer
         return routed
 
-    def replay(self, resumed: list[int], emitted_chars: int) -> None:
+    def replay(self, resumed: list[int]) -> None:
         """Bring a resumed choice's grammar, detokenizer and parsers to where the earlier
         attempt left off; what they would emit for that part was delivered already."""
-        self.detokenizer.replay(resumed, emitted_chars)
+        delivered = self.detokenizer.replay(resumed)
         self.delivered_tokens = len(resumed)
         self.group.completion_tokens = len(resumed)
         for token in resumed:
             self.accept(token)
-        self.route(self.detokenizer.text[:emitted_chars])
+        self.route(delivered)

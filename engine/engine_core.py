@@ -225,16 +225,14 @@ class EngineCore:
         chat: bool = False,
         *,
         resume_token_ids: list[int] | None = None,
-        resume_text_chars: int = 0,
     ) -> Sequence:
         """Queue a request; raises ``RequestRejected`` if it can never run here. A grammar the
         options need is compiled here unless ``compiled_grammar`` brings it already. Thinking
         text is told apart only in ``chat`` requests (a raw prompt's reply is all text).
 
         A resumed request continues after ``resume_token_ids`` (outputs an earlier attempt
-        streamed, of which the client was shown the first ``resume_text_chars`` characters of
-        text): it goes on exactly as the uninterrupted request would, and its deltas carry only
-        what comes after."""
+        streamed): it goes on exactly as the uninterrupted request would, and its deltas carry
+        only what comes after."""
         options = options or RequestOptions()
         vocab = self.model.config.vocab_size
         if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
@@ -263,7 +261,7 @@ class EngineCore:
         self._groups[request_id] = group
         choice = self._start_choice(group, seq, 0)
         if resumed:
-            choice.replay(resumed, resume_text_chars)
+            choice.replay(resumed)
         return seq
 
     def _start_choice(self, group: RequestGroup, seq: Sequence, index: int) -> Choice:

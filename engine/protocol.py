@@ -191,10 +191,9 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     resume_token_ids: list[int] | None = None
     """Output tokens an earlier attempt already streamed (its worker died): the worker goes on
     after them exactly as the uninterrupted request would (same seeded draws, penalties and
-    stop checks). They count toward ``sampling.max_tokens`` and deltas carry only new tokens."""
-    resume_text_chars: int = 0
-    """How many characters of the resumed tokens' text the client was already shown; the
-    first new delta's text starts right after them."""
+    stop checks). They count toward ``sampling.max_tokens`` and deltas carry only new tokens;
+    their text (answer, reasoning, tool calls) is what the stream delivered, one delta per
+    token, so the worker re-derives where that delivery stopped and goes on from there."""
     v: int = PROTOCOL_VERSION
 
     def reply_key(self) -> str:

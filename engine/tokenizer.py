@@ -173,12 +173,13 @@ class IncrementalDetokenizer:
         self._read_offset = len(self._tokens)
         self._append_text(full_text[len(prefix_text) :])
 
-    def replay(self, token_ids: list[int], emitted_chars: int) -> None:
-        """Take outputs produced elsewhere, of whose text ``emitted_chars`` characters were
-        already delivered: later deltas continue exactly where that delivery stopped."""
+    def replay(self, token_ids: list[int]) -> str:
+        """Take outputs produced and streamed elsewhere, one step per token as they were made,
+        so later deltas continue exactly where that stream stopped; the text it delivered."""
         for token in token_ids:
             self.add_token(token)
-        self._emitted = min(emitted_chars, len(self.text))
+            self.pop_delta()
+        return self.text[: self._emitted]
 
     def _append_text(self, new_text: str) -> None:
         search_from = max(0, len(self.text) - self._max_stop_len + 1)

@@ -436,7 +436,6 @@ class Worker:
             raise ValueError("request has no prompt, prompt_token_ids or messages")
         if request.resume_token_ids:
             kwargs["resume_token_ids"] = request.resume_token_ids
-            kwargs["resume_text_chars"] = request.resume_text_chars
         outputs = self.engine.add_request(request.request_id, **kwargs)
         if inspect.isawaitable(outputs):
             outputs = await outputs

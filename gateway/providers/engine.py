@@ -218,7 +218,6 @@ class EngineProvider:
             message,
             request_id=protocol.attempt_id(call.request_id, call.attempts),
             resume_token_ids=list(call.token_ids),
-            resume_text_chars=call.shown_chars,
         )
 
     def _default_max_tokens(self, request: ChatRequest) -> int:
@@ -437,7 +436,6 @@ class _Call:
         self.finished = False
         self.token_ids: list[int] = []
         """Every token received, in order: what a resumption continues after."""
-        self.shown_chars = 0
         self.attempts = 0
         """Resumptions so far (each one a new engine request id)."""
         self.attempt_shown = False
@@ -482,7 +480,6 @@ class _Call:
         elif not (delta.text or delta.reasoning_text or delta.tool_calls or delta.logprobs):
             return None
         self.shown = self.attempt_shown = True
-        self.shown_chars += len(delta.text)
         chunk = Chunk(
             [choice_delta(delta)],
             usage=usage,

@@ -36,7 +36,7 @@ async def test_resumed_request_continues_the_uninterrupted_one(
         whole = await _run(engine, "whole", params)
         tokens = [t for d in whole for t in d.token_ids]
         assert len(tokens) == 40
-        for cut in (1, 5, 17, 39):
+        for cut in range(1, 40, 3):
             # The client saw the text of every delta up to the one holding token ``cut``.
             seen_tokens, shown = 0, ""
             for delta in whole:
@@ -45,11 +45,7 @@ async def test_resumed_request_continues_the_uninterrupted_one(
                 seen_tokens += len(delta.token_ids)
                 shown += delta.text
             rest = await _run(
-                engine,
-                f"resume-{cut}",
-                params,
-                resume_token_ids=tokens[:seen_tokens],
-                resume_text_chars=len(shown),
+                engine, f"resume-{cut}", params, resume_token_ids=tokens[:seen_tokens]
             )
             assert [t for d in rest for t in d.token_ids] == tokens[seen_tokens:]
             assert shown + "".join(d.text for d in rest) == "".join(d.text for d in whole)
@@ -58,17 +54,6 @@ async def test_resumed_request_continues_the_uninterrupted_one(
             assert last.usage is not None
             assert last.usage.completion_tokens == 40
             assert last.usage.prompt_tokens == whole[-1].usage.prompt_tokens
-
-
-async def test_resume_with_text_held_back_emits_it_after(llama_dir: Path) -> None:
-    """Tokens whose text was not shown yet (shown chars < their text) come out next."""
-    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
-    async with AsyncEngine(llama_dir, num_kv_blocks=128) as engine:
-        whole = await _run(engine, "whole", params)
-        tokens = [t for d in whole for t in d.token_ids]
-        full = "".join(d.text for d in whole)
-        rest = await _run(engine, "r", params, resume_token_ids=tokens[:10], resume_text_chars=0)
-        assert "".join(d.text for d in rest) == full
 
 
 async def test_resume_rejects_token_ids_outside_the_vocabulary(llama_dir: Path) -> None:
