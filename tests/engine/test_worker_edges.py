@@ -110,7 +110,9 @@ class PausableProxy:
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
+        # The opposite direction's pump closes both sockets when its side ends; select() on a
+        # closed socket (fileno -1) then raises ValueError, which ends this pump just the same.
+        with contextlib.suppress(OSError, ValueError):
             while not self.closed.is_set():
                 if self.paused.is_set():
                     time.sleep(0.01)
