@@ -7,9 +7,11 @@ hook, which also sees responses produced by exception handlers.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from litestar import Litestar
 from litestar import Router as HttpRouter
@@ -72,6 +74,23 @@ async def _stamp_response(message: Message, scope: Scope) -> None:
         span = request_state(scope).pop("server_span", None)
         if span is not None:
             span.end()
+
+
+SHUTDOWN_STEP_TIMEOUT_S = 10.0
+"""No shutdown step may hold the process: past this, the step is abandoned and named in the log."""
+
+
+async def _bounded(step: str, closing: Coroutine[Any, Any, object]) -> None:
+    # asyncio.wait, not wait_for: wait_for would wait on a step that ignores its cancellation.
+    task = asyncio.ensure_future(closing)
+    done, _ = await asyncio.wait({task}, timeout=SHUTDOWN_STEP_TIMEOUT_S)
+    if not done:
+        task.cancel()
+        logger.error(
+            "shutdown: %s did not close within %.0fs; abandoned", step, SHUTDOWN_STEP_TIMEOUT_S
+        )
+    elif task.exception() is not None:
+        logger.error("shutdown: %s failed: %r", step, task.exception())
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
@@ -137,14 +156,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
         try:
             yield
         finally:
-            await leases.stop()
+            await _bounded("lease book", leases.stop())
             if flusher is not None:
-                await flusher.stop()
-            await key_cache.stop()
-            await router.close()
-            await db_engine.dispose()
-            await redis_pubsub.aclose()
-            await redis.aclose()
+                await _bounded("usage flusher", flusher.stop())
+            await _bounded("key cache", key_cache.stop())
+            await _bounded("router", router.close())
+            await _bounded("database pool", db_engine.dispose())
+            await _bounded("redis pubsub client", redis_pubsub.aclose())
+            await _bounded("redis client", redis.aclose())
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()
