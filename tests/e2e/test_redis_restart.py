@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -93,21 +93,34 @@ def test_requests_get_503_during_a_redis_outage_and_service_resumes_after(
         assert time.monotonic() - began < 3.0, "a Redis outage must fail fast, not hang"
 
     private_redis.start()
-    resumed_at = time.monotonic()
-    answer = ""
-    while not answer and time.monotonic() - resumed_at < 30:
+    # Redis came back empty: until every worker has beaten again a request may still get the
+    # documented "try again shortly" 503. The promise is that plain and streamed requests are
+    # both served again within the window, not that the first second after the restart is clean.
+    assert until_served(ask), "service did not resume after Redis came back"
+
+    def ask_streamed() -> str:
+        chunks = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+        )
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    assert until_served(ask_streamed), "streaming did not resume after Redis came back"
+    assert worker.alive() and gateway_process.alive()
+
+
+def until_served(ask: Callable[[], str], window_s: float = 30.0) -> str:
+    began = time.monotonic()
+    while time.monotonic() - began < window_s:
         try:
             answer = ask()
-        except openai.APIStatusError:
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503, f"after Redis came back: {exc.status_code} {exc}"
             time.sleep(0.2)
-    assert answer, "service did not resume after Redis came back"
-    assert worker.alive() and gateway_process.alive()
-    # And it keeps working, streaming included.
-    chunks = client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": "hello"}],
-        max_tokens=4,
-        temperature=0,
-        stream=True,
-    )
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            continue
+        if answer:
+            return answer
+    return ""
