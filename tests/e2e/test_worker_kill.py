@@ -16,6 +16,9 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from engine import protocol
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -72,17 +75,39 @@ def _prompt(i: int) -> str:
     return f"Story number {i} about a river."
 
 
-async def _victim_streaming(redis_url: str, model: str, victim_id: str) -> None:
-    """Until a request the victim serves has streamed text (its ``started`` key names it)."""
+async def _victim_mid_stream(redis_url: str, model: str, victim_id: str) -> None:
+    """Until the victim holds a request that has streamed text and is not finished.
+
+    Its ``started`` key alone is not enough: it outlives the request, and on a quiet machine
+    the tiny model may finish all of the victim's requests before the kill lands."""
     client = aioredis.Redis.from_url(redis_url)
+    streams = [protocol.request_stream(model), protocol.worker_stream(model, victim_id)]
     try:
         while True:
-            async for key in client.scan_iter(match=f"sg:{{{model}}}:started:*"):
-                if await client.get(key) == victim_id.encode():
+            for stream in streams:
+                if await _holds_started_request(client, stream, model, victim_id):
                     return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.01)
     finally:
         await client.aclose()
+
+
+async def _holds_started_request(
+    client: aioredis.Redis, stream: str, model: str, victim_id: str
+) -> bool:
+    try:
+        pending = await client.xpending_range(
+            stream, protocol.REQUEST_GROUP, min="-", max="+", count=100, consumername=victim_id
+        )
+    except ResponseError:  # the stream or its group does not exist yet
+        return False
+    for entry in pending:
+        for _, fields in await client.xrange(stream, entry["message_id"], entry["message_id"]):
+            message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+            started_by = await client.get(protocol.started_key(model, message.request_id))
+            if started_by == victim_id.encode():
+                return True
+    return False
 
 
 async def _run(gateway: Any, model: str, victim: Any, redis_url: str) -> list[dict]:
@@ -98,7 +123,7 @@ async def _run(gateway: Any, model: str, victim: Any, redis_url: str) -> list[di
     await asyncio.wait([flowing_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
     assert flowing.event.is_set(), [t.result() for t in tasks if t.done()]
     async with asyncio.timeout(DEADLINE_S):
-        await _victim_streaming(redis_url, model, VICTIM_ID)
+        await _victim_mid_stream(redis_url, model, VICTIM_ID)
     victim.popen.send_signal(signal.SIGKILL)
     async with asyncio.timeout(DEADLINE_S + 30):
         return await asyncio.gather(*tasks)
