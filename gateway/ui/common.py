@@ -138,20 +138,5 @@ def page_number(value: str | None) -> int:
         return 1
 
 
-def limit_values(row: Any) -> dict[str, Any]:
-    """A key's or team's limit fields as the forms show them."""
-    micros = row.max_budget_micros
-    return {
-        "name": row.name,
-        "rpm_limit": row.rpm_limit,
-        "tpm_limit": row.tpm_limit,
-        "max_parallel_requests": row.max_parallel_requests,
-        "token_budget": row.token_budget,
-        "max_budget": None if micros is None else f"{micros / 1e6:.6f}".rstrip("0").rstrip("."),
-        "budget_period": row.budget_period,
-        "allowed_models": ", ".join(row.allowed_models),
-    }
-
-
 def today() -> dt.date:
     return dt.datetime.now(dt.UTC).date()

@@ -21,11 +21,8 @@ from gateway.db.models import ApiKey
 from gateway.ui.common import (
     PAGE_SIZE,
     FormError,
-    limit_values,
-    models_list,
     optional_choice,
     optional_int,
-    optional_micros,
     optional_uuid,
     page_number,
     render,
@@ -33,26 +30,12 @@ from gateway.ui.common import (
     sessions,
     text,
 )
+from gateway.ui.limit_forms import limit_fields_from_form, render_edit, render_refused_create
 from gateway.ui.session import check_csrf, session_of, ui_guard
 
-PERIODS = ("day", "month")
 
-
-def key_fields_from_form(form: Mapping[str, Any]) -> dict[str, Any]:
-    """The limit and budget fields of the create and edit forms (empty = no limit)."""
-    name = text(form, "name")
-    if not name:
-        raise FormError("name", "a key needs a name")
-    return {
-        "name": name,
-        "allowed_models": models_list(form),
-        "rpm_limit": optional_int(form, "rpm_limit", minimum=1),
-        "tpm_limit": optional_int(form, "tpm_limit", minimum=1),
-        "max_parallel_requests": optional_int(form, "max_parallel_requests", minimum=1),
-        "token_budget": optional_int(form, "token_budget"),
-        "max_budget_micros": optional_micros(form, "max_budget"),
-        "budget_period": optional_choice(form, "budget_period", PERIODS),
-    }
+def _role(form: Mapping[str, Any]) -> str:
+    return optional_choice(form, "role", ("member", "team_admin")) or "member"
 
 
 async def _list_context(
@@ -122,25 +105,15 @@ class KeysPages(Controller):
         form = await request.form()
         check_csrf(session.csrf, form)
         try:
-            fields = key_fields_from_form(form)
-            role = optional_choice(form, "role", ("member", "team_admin")) or "member"
+            fields = limit_fields_from_form(form, "key")
             team_id = text(form, "team_id") or None
             async with sessions(request)() as db, db.begin():
                 row, plaintext = await service.create_key(
-                    db, session.actor, {**fields, "role": role}, team_id, request_id(request)
+                    db, session.actor, {**fields, "role": _role(form)}, team_id, request_id(request)
                 )
         except FormError as exc:
             context = await _list_context(request, "", 1, "all")
-            return render(
-                request,
-                "keys.html",
-                active="keys",
-                status_code=400,
-                error=exc.message,
-                error_field=exc.field,
-                form=dict(form),
-                **context,
-            )
+            return render_refused_create(request, "keys.html", exc, form, active="keys", **context)
         return await _secret_page(request, row, plaintext, rotated=False)
 
     @get("/{key_id:uuid}")
@@ -168,19 +141,18 @@ class KeysPages(Controller):
             teams = await team_queries.list_teams(db, limit=1000) if session.is_master else []
         record = ApiKeyRecord.from_row(row, team)
         budget = await budget_view(request.app.state.limiter, "key", record, record.team_id)
-        return render(
+        return render_edit(
             request,
             "key_edit.html",
+            row,
             active="keys",
-            status_code=400 if error else 200,
+            notice=notice,
+            error=error,
+            form=form,
             key=row,
             team=team,
             teams=teams,
             budget=budget,
-            flash=notice,
-            error=error.message if error else None,
-            error_field=error.field if error else None,
-            values=dict(form) if form else limit_values(row),
         )
 
     @post("/{key_id:uuid}")
@@ -191,12 +163,10 @@ class KeysPages(Controller):
         form = await request.form()
         check_csrf(session.csrf, form)
         try:
-            changes = key_fields_from_form(form)
+            changes = limit_fields_from_form(form, "key")
             if session.is_master:
                 changes["team_id"] = text(form, "team_id") or None
-                changes["role"] = (
-                    optional_choice(form, "role", ("member", "team_admin")) or "member"
-                )
+                changes["role"] = _role(form)
             async with sessions(request)() as db, db.begin():
                 await service.update_key(db, session.actor, key_id, changes, request_id(request))
         except FormError as exc:

@@ -17,36 +17,9 @@ from gateway.api.admin.reports import budget_view
 from gateway.auth import TeamLimits, publish_invalidation
 from gateway.db import teams as team_queries
 from gateway.errors import NotFound
-from gateway.ui.common import (
-    FormError,
-    limit_values,
-    models_list,
-    optional_choice,
-    optional_int,
-    optional_micros,
-    render,
-    request_id,
-    sessions,
-    text,
-)
-from gateway.ui.keys import PERIODS
+from gateway.ui.common import FormError, render, request_id, sessions
+from gateway.ui.limit_forms import limit_fields_from_form, render_edit, render_refused_create
 from gateway.ui.session import check_csrf, session_of, ui_guard
-
-
-def team_fields_from_form(form: Mapping[str, Any]) -> dict[str, Any]:
-    name = text(form, "name")
-    if not name:
-        raise FormError("name", "a team needs a name")
-    return {
-        "name": name,
-        "allowed_models": models_list(form),
-        "rpm_limit": optional_int(form, "rpm_limit", minimum=1),
-        "tpm_limit": optional_int(form, "tpm_limit", minimum=1),
-        "max_parallel_requests": optional_int(form, "max_parallel_requests", minimum=1),
-        "token_budget": optional_int(form, "token_budget"),
-        "max_budget_micros": optional_micros(form, "max_budget"),
-        "budget_period": optional_choice(form, "budget_period", PERIODS),
-    }
 
 
 async def _teams_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -84,20 +57,13 @@ class TeamsPages(Controller):
         form = await request.form()
         check_csrf(session.csrf, form)
         try:
-            fields = team_fields_from_form(form)
+            fields = limit_fields_from_form(form, "team")
             async with sessions(request)() as db, db.begin():
                 await service.create_team(db, session.actor, fields, request_id(request))
         except FormError as exc:
             context = await _teams_context(request)
-            return render(
-                request,
-                "teams.html",
-                active="teams",
-                status_code=400,
-                error=exc.message,
-                error_field=exc.field,
-                form=dict(form),
-                **context,
+            return render_refused_create(
+                request, "teams.html", exc, form, active="teams", **context
             )
         return Redirect("/ui/teams?notice=created", status_code=303)
 
@@ -127,17 +93,16 @@ class TeamsPages(Controller):
             raise NotFound(f"No team with id '{team_id}'.", param="team_id")
         limits = TeamLimits.from_row(team)
         budget = await budget_view(request.app.state.limiter, "team", limits, limits.id)
-        return render(
+        return render_edit(
             request,
             "team_edit.html",
+            team,
             active="teams",
-            status_code=400 if error else 200,
+            notice=notice,
+            error=error,
+            form=form,
             team=team,
             budget=budget,
-            flash=notice,
-            error=error.message if error else None,
-            error_field=error.field if error else None,
-            values=dict(form) if form else limit_values(team),
         )
 
     @post("/{team_id:uuid}")
@@ -148,7 +113,7 @@ class TeamsPages(Controller):
         form = await request.form()
         check_csrf(session.csrf, form)
         try:
-            changes = team_fields_from_form(form)
+            changes = limit_fields_from_form(form, "team")
             async with sessions(request)() as db, db.begin():
                 _, key_ids = await service.update_team(
                     db, session.actor, team_id, changes, request_id(request)

@@ -1,4 +1,5 @@
-"""The UI's sessions and lists without a browser: who may sign in, when a session ends, paging."""
+"""The UI's sessions, lists and forms without a browser: who may sign in, when a session ends,
+paging, what a refused or accepted save shows."""
 
 from __future__ import annotations
 
@@ -80,3 +81,40 @@ async def test_keys_pages_search_and_page(admin_client: Client) -> None:
     assert re.findall(r">(svc-\d\d|billing-etl)</a>", found.text) == ["billing-etl"]
     nothing = await admin_client.get("/ui/keys", params={"q": "zzz"})
     assert "No key matches" in nothing.text
+
+
+async def test_key_and_team_forms_refuse_and_save_alike(admin_client: Client) -> None:
+    team = (await admin_client.post("/admin/teams", json={"name": "t"})).json()
+    key = await _key(admin_client, team_id=team["id"])
+    master = admin_client.headers["authorization"].split()[-1]
+    assert (await _sign_in(admin_client, master)).status_code == 303
+    token = TOKEN.search((await admin_client.get("/ui/keys")).text).group(1)  # type: ignore[union-attr]
+
+    for kind, row, extra in (("keys", key, {"team_id": team["id"]}), ("teams", team, {})):
+        page = f"/ui/{kind}/{row['id']}"
+        form = {"csrf_token": token, "name": "renamed", **extra}
+        refused = await admin_client.post(page, data={**form, "rpm_limit": "0"})
+        assert refused.status_code == 400
+        assert "rpm limit must be at least 1" in refused.text
+        assert 'id="f-rpm_limit" name="rpm_limit" type="number" value="0"' in refused.text
+        nameless = await admin_client.post(page, data={**form, "name": " "})
+        assert nameless.status_code == 400 and f"a {kind[:-1]} needs a name" in nameless.text
+
+        saved = await admin_client.post(
+            page,
+            data={**form, "rpm_limit": "7", "max_budget": "2.5", "budget_period": "day"},
+            follow_redirects=False,
+        )
+        assert saved.status_code == 303 and saved.headers["location"] == f"{page}?notice=saved"
+        shown = await admin_client.get(saved.headers["location"])
+        assert "Saved." in shown.text and 'value="2.5"' in shown.text
+        api = (await admin_client.get(f"/admin/{kind}/{row['id']}")).json()
+        assert (api["name"], api["rpm_limit"], api["max_budget"], api["budget_period"]) == (
+            "renamed",
+            7,
+            2.5,
+            "day",
+        )
+
+    created = await admin_client.post("/ui/teams", data={"csrf_token": token, "name": ""})
+    assert created.status_code == 400 and "a team needs a name" in created.text
