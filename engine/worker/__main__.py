@@ -1,0 +1,3 @@
+from engine.worker.cli import main
+
+raise SystemExit(main())
