@@ -42,13 +42,15 @@ def _money(micros: int | None) -> float | None:
     return None if micros is None else from_micros(micros)
 
 
-# ---- keys ------------------------------------------------------------------------------------
+# ---- limits (keys and teams alike) ----------------------------------------------------------
 
 
-class KeyCreate(msgspec.Struct, forbid_unknown_fields=True):
+class LimitFields(msgspec.Struct, forbid_unknown_fields=True):
+    """The name, models, limits and budgets a key or team is created with."""
+
     name: Name
     allowed_models: list[str] = msgspec.field(default_factory=list)
-    """Public model names the key may use; empty means all."""
+    """Public model names it may use; empty means all."""
     rpm_limit: PositiveInt | None = None
     tpm_limit: PositiveInt | None = None
     max_parallel_requests: PositiveInt | None = None
@@ -56,7 +58,40 @@ class KeyCreate(msgspec.Struct, forbid_unknown_fields=True):
     max_budget: Amount | None = None
     """Money budget per ``budget_period``, in the gateway's currency."""
     budget_period: BudgetPeriod | None = None
-    """``day`` or ``month`` (UTC); without it the budgets are for the key's lifetime."""
+    """``day`` or ``month`` (UTC); without it the budgets are for the lifetime."""
+
+
+class LimitChanges(msgspec.Struct, forbid_unknown_fields=True):
+    """Only the fields present change; ``null`` removes a limit."""
+
+    name: Name | UnsetType = UNSET
+    allowed_models: list[str] | UnsetType = UNSET
+    rpm_limit: PositiveInt | UnsetType | None = UNSET
+    tpm_limit: PositiveInt | UnsetType | None = UNSET
+    max_parallel_requests: PositiveInt | UnsetType | None = UNSET
+    token_budget: TokenCount | UnsetType | None = UNSET
+    max_budget: Amount | UnsetType | None = UNSET
+    budget_period: BudgetPeriod | UnsetType | None = UNSET
+
+
+def limit_fields(row: ApiKey | Team) -> dict[str, Any]:
+    """A key's or team's limits as the API shows them."""
+    return {
+        "name": row.name,
+        "allowed_models": list(row.allowed_models),
+        "rpm_limit": row.rpm_limit,
+        "tpm_limit": row.tpm_limit,
+        "max_parallel_requests": row.max_parallel_requests,
+        "token_budget": row.token_budget,
+        "max_budget": _money(row.max_budget_micros),
+        "budget_period": row.budget_period,
+    }
+
+
+# ---- keys ------------------------------------------------------------------------------------
+
+
+class KeyCreate(LimitFields):
     expires_at: AwareDatetime | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
     team_id: str | None = None
@@ -68,17 +103,7 @@ class KeyCreate(msgspec.Struct, forbid_unknown_fields=True):
         return values
 
 
-class KeyUpdate(msgspec.Struct, forbid_unknown_fields=True):
-    """Only the fields present change; ``null`` removes a limit."""
-
-    name: Name | UnsetType = UNSET
-    allowed_models: list[str] | UnsetType = UNSET
-    rpm_limit: PositiveInt | UnsetType | None = UNSET
-    tpm_limit: PositiveInt | UnsetType | None = UNSET
-    max_parallel_requests: PositiveInt | UnsetType | None = UNSET
-    token_budget: TokenCount | UnsetType | None = UNSET
-    max_budget: Amount | UnsetType | None = UNSET
-    budget_period: BudgetPeriod | UnsetType | None = UNSET
+class KeyUpdate(LimitChanges):
     expires_at: AwareDatetime | UnsetType | None = UNSET
     metadata: dict[str, Any] | UnsetType = UNSET
     team_id: str | UnsetType | None = UNSET
@@ -124,17 +149,10 @@ def key_fields(row: ApiKey) -> dict[str, Any]:
     """A key as the API shows it: never its secret or hashes."""
     return {
         "id": str(row.id),
-        "name": row.name,
+        **limit_fields(row),
         "key_prefix": row.key_prefix,
         "team_id": str(row.team_id) if row.team_id else None,
         "role": row.role,
-        "allowed_models": list(row.allowed_models),
-        "rpm_limit": row.rpm_limit,
-        "tpm_limit": row.tpm_limit,
-        "max_parallel_requests": row.max_parallel_requests,
-        "token_budget": row.token_budget,
-        "max_budget": _money(row.max_budget_micros),
-        "budget_period": row.budget_period,
         "expires_at": row.expires_at,
         "revoked_at": row.revoked_at,
         "revoked": row.revoked_at is not None,
@@ -159,30 +177,14 @@ class KeyList(msgspec.Struct):
 # ---- teams -----------------------------------------------------------------------------------
 
 
-class TeamCreate(msgspec.Struct, forbid_unknown_fields=True):
-    name: Name
-    allowed_models: list[str] = msgspec.field(default_factory=list)
-    rpm_limit: PositiveInt | None = None
-    tpm_limit: PositiveInt | None = None
-    max_parallel_requests: PositiveInt | None = None
-    token_budget: TokenCount | None = None
-    max_budget: Amount | None = None
-    budget_period: BudgetPeriod | None = None
+class TeamCreate(LimitFields):
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
 
     def fields(self) -> dict[str, Any]:
         return _changes(self, {"metadata": "team_metadata"})
 
 
-class TeamUpdate(msgspec.Struct, forbid_unknown_fields=True):
-    name: Name | UnsetType = UNSET
-    allowed_models: list[str] | UnsetType = UNSET
-    rpm_limit: PositiveInt | UnsetType | None = UNSET
-    tpm_limit: PositiveInt | UnsetType | None = UNSET
-    max_parallel_requests: PositiveInt | UnsetType | None = UNSET
-    token_budget: TokenCount | UnsetType | None = UNSET
-    max_budget: Amount | UnsetType | None = UNSET
-    budget_period: BudgetPeriod | UnsetType | None = UNSET
+class TeamUpdate(LimitChanges):
     metadata: dict[str, Any] | UnsetType = UNSET
 
     def changes(self) -> dict[str, Any]:
@@ -211,14 +213,7 @@ class TeamView(msgspec.Struct):
 def team_fields(row: Team) -> dict[str, Any]:
     return {
         "id": str(row.id),
-        "name": row.name,
-        "allowed_models": list(row.allowed_models),
-        "rpm_limit": row.rpm_limit,
-        "tpm_limit": row.tpm_limit,
-        "max_parallel_requests": row.max_parallel_requests,
-        "token_budget": row.token_budget,
-        "max_budget": _money(row.max_budget_micros),
-        "budget_period": row.budget_period,
+        **limit_fields(row),
         "metadata": dict(row.team_metadata),
         "created_at": row.created_at,
         "updated_at": row.updated_at,
