@@ -1,8 +1,13 @@
 """Wire messages between the gateway and engine workers, carried over Redis Streams.
 
 Torch-free on purpose: the gateway imports this module and must never load torch.
-Every message carries ``v`` (the protocol version). Readers accept any version up to
-their own and ignore unknown fields, so old and new workers can coexist in a rollout.
+Every message carries ``v``, the protocol version of its writer, always on the wire (even
+though the structs omit other fields at their defaults). Readers accept any version up to
+their own and ignore unknown fields, so old and new workers can coexist in a rollout. A
+message without ``v`` comes from a writer before version 4, which left ``v`` out whenever it
+equalled its own version, so it could be any of 1 to 3: readers take it as ``LEGACY_VERSION``
+(1), the one version nothing is gated on, so such a peer never gets what it may not read
+(a ``Batch`` reply, say).
 
 Stream layout (every name that travels together shares the ``{model}`` hash tag, so a
 Redis Cluster keeps a model's streams on one slot):
@@ -25,6 +30,7 @@ Redis Cluster keeps a model's streams on one slot):
 
 from __future__ import annotations
 
+import contextvars
 import time
 from typing import Any, Literal
 
@@ -33,13 +39,28 @@ import msgspec
 DEMO_MODEL_NAME = "sluicegate-demo"
 """The demo model's served name: ``sluicegate up`` builds and announces it, workers serve it."""
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """2: a worker may pack the replies of one step for one reply stream into a ``Batch``; it does
 so only for requests whose ``v`` is at least 2, so version-1 gateways keep getting single
 messages.
 3: tools, structured output, logprobs, ``n`` choices and reasoning text; every new field has a
-default, so a version-2 request is a valid version-3 request."""
+default, so a version-2 request is a valid version-3 request.
+4: ``v`` is always on the wire (before, it was omitted when it equalled the writer's version,
+so a reader took every such message for its own version and version gating did nothing)."""
 BATCH_VERSION = 2
+LEGACY_VERSION = 1
+"""What a message without ``v`` reads as: its writer predates version 4 and could be any
+version from 1 up, so readers assume the oldest."""
+
+_decoding: contextvars.ContextVar[bool] = contextvars.ContextVar("_decoding", default=False)
+
+
+def _version() -> int:
+    """``v``'s default: the writer's own version for a message built here, ``LEGACY_VERSION``
+    for one decoded without ``v``. A default factory, because ``omit_defaults`` never omits a
+    field whose default comes from one (only empty containers), so ``v`` is always encoded."""
+    return LEGACY_VERSION if _decoding.get() else PROTOCOL_VERSION
+
 
 REQUEST_GROUP = "workers"
 MESSAGE_FIELD = b"m"
@@ -194,7 +215,7 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     stop checks). They count toward ``sampling.max_tokens`` and deltas carry only new tokens;
     their text (answer, reasoning, tool calls) is what the stream delivered, one delta per
     token, so the worker re-derives where that delivery stopped and goes on from there."""
-    v: int = PROTOCOL_VERSION
+    v: int = msgspec.field(default_factory=_version)
 
     def reply_key(self) -> str:
         return self.reply_to or reply_stream(self.request_id)
@@ -259,7 +280,7 @@ class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
     tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
     logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
     """One per token of this delta's content (and reasoning)."""
-    v: int = PROTOCOL_VERSION
+    v: int = msgspec.field(default_factory=_version)
 
 
 ErrorCode = Literal[
@@ -280,12 +301,12 @@ class Error(msgspec.Struct, tag="error", omit_defaults=True):
     message: str
     usage: Usage | None = None
     worker_id: str = ""
-    v: int = PROTOCOL_VERSION
+    v: int = msgspec.field(default_factory=_version)
 
 
 class Cancel(msgspec.Struct, tag="cancel"):
     request_id: str
-    v: int = PROTOCOL_VERSION
+    v: int = msgspec.field(default_factory=_version)
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
@@ -309,14 +330,14 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     queue_ms: float = 0.0
     """How long the oldest request waiting for its first step had waited at ``time`` (0: no
     queue), so a gateway can send a burst's excess elsewhere (spill-over)."""
-    v: int = PROTOCOL_VERSION
+    v: int = msgspec.field(default_factory=_version)
 
 
 class Batch(msgspec.Struct, tag="batch"):
     """Replies of one engine step that go to the same reply stream, in order, in one entry."""
 
     messages: list[Delta | Error]
-    v: int = PROTOCOL_VERSION
+    v: int = msgspec.field(default_factory=_version)
 
 
 Message = Request | Delta | Error | Cancel | Heartbeat | Batch
@@ -334,8 +355,11 @@ def encode(message: Message) -> bytes:
 
 
 def decode(data: bytes) -> Message:
+    token = _decoding.set(True)
     try:
         message = _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedMessage(str(exc)) from exc
+    finally:
+        _decoding.reset(token)
     return message
