@@ -3,8 +3,9 @@
 ``POST /model/{modelId}/converse`` and ``/converse-stream``, signed with botocore's SigV4
 signer with credentials from the standard AWS chain (environment, shared files, instance
 role), resolved once and refreshed by botocore. ConverseStream answers in AWS's binary event
-stream, decoded with botocore's ``EventStreamBuffer``. Turns map like Anthropic's (Converse has
-the same shape): system turns to ``system``, tool results to ``user`` turns of ``toolResult``.
+stream, decoded with botocore's ``EventStreamBuffer``. Turns are split and merged as for
+Anthropic (translate/turns.py): system turns to ``system``, tool results to ``user`` turns of
+``toolResult``; the blocks are Converse's own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from gateway.canonical import (
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
 from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, status_error
+from gateway.translate.turns import split_turns, tool_input, usage_with_cache
 
 SUPPORTED = frozenset({"top_k", "image"})
 
@@ -59,13 +61,6 @@ _EXCEPTION_STATUS = {
 }
 
 
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text) if text else {}
-    except ValueError:
-        return {"_raw": text}
-
-
 def _block(part: Part) -> dict[str, Any] | None:
     if isinstance(part, TextPart):
         return {"text": part.text} if part.text else None
@@ -77,7 +72,7 @@ def _block(part: Part) -> dict[str, Any] | None:
             "toolUse": {
                 "toolUseId": part.id,
                 "name": part.name,
-                "input": _arguments(part.arguments),
+                "input": tool_input(part.arguments),
             }
         }
     if isinstance(part, ToolResult):
@@ -90,24 +85,15 @@ def _block(part: Part) -> dict[str, Any] | None:
     return None
 
 
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    return [b for b in map(_block, message.parts) if b is not None]
+
+
 def converse_body(request: ChatRequest) -> dict[str, Any]:
-    system: list[dict[str, str]] = []
-    turns: list[dict[str, Any]] = []
-    for message in request.messages or ():
-        if message.role in {"system", "developer"}:
-            system.append({"text": message.text()})
-            continue
-        role = "assistant" if message.role == "assistant" else "user"
-        blocks = [b for b in map(_block, message.parts) if b is not None]
-        if not blocks:
-            continue
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
+    system, turns = split_turns(request.messages or (), _blocks)
     body: dict[str, Any] = {"messages": turns}
     if system:
-        body["system"] = system
+        body["system"] = [{"text": text} for text in system]
     s = request.sampling
     config = {
         "maxTokens": s.max_tokens,
@@ -143,15 +129,12 @@ def converse_body(request: ChatRequest) -> dict[str, Any]:
 
 
 def usage_of(raw: dict[str, Any] | None) -> Usage | None:
-    if not raw:
-        return None
-    read = int(raw.get("cacheReadInputTokens") or 0)
-    written = int(raw.get("cacheWriteInputTokens") or 0)
-    return Usage(
-        prompt_tokens=int(raw.get("inputTokens") or 0) + read + written,
-        completion_tokens=int(raw.get("outputTokens") or 0),
-        cached_tokens=read,
-        cache_creation_tokens=written,
+    return usage_with_cache(
+        raw,
+        input="inputTokens",
+        output="outputTokens",
+        read="cacheReadInputTokens",
+        written="cacheWriteInputTokens",
     )
 
 

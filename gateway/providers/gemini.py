@@ -31,6 +31,7 @@ from gateway.canonical import (
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
 from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, sse_events
+from gateway.translate.turns import split_turns, tool_input
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
 
@@ -62,13 +63,6 @@ FINISH_REASONS = {
 _EFFORT_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
 
 
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text) if text else {}
-    except ValueError:
-        return {"_raw": text}
-
-
 def _parts(message: Message, call_names: dict[str, str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for part in message.parts:
@@ -80,7 +74,7 @@ def _parts(message: Message, call_names: dict[str, str]) -> list[dict[str, Any]]
             out.append({"inlineData": {"mimeType": mime, "data": data}})
         elif isinstance(part, ToolCall):
             call_names[part.id] = part.name
-            out.append({"functionCall": {"name": part.name, "args": _arguments(part.arguments)}})
+            out.append({"functionCall": {"name": part.name, "args": tool_input(part.arguments)}})
         elif isinstance(part, ToolResult):
             key = "error" if part.is_error else "output"
             response = {"name": call_names.get(part.tool_call_id, part.tool_call_id)}
@@ -90,20 +84,12 @@ def _parts(message: Message, call_names: dict[str, str]) -> list[dict[str, Any]]
 
 def generate_body(request: ChatRequest) -> dict[str, Any]:
     call_names: dict[str, str] = {}
-    system: list[str] = []
-    contents: list[dict[str, Any]] = []
-    for message in request.messages or ():
-        if message.role in {"system", "developer"}:
-            system.append(message.text())
-            continue
-        role = "model" if message.role == "assistant" else "user"
-        parts = _parts(message, call_names)
-        if not parts:
-            continue
-        if contents and contents[-1]["role"] == role:
-            contents[-1]["parts"].extend(parts)
-        else:
-            contents.append({"role": role, "parts": parts})
+    system, contents = split_turns(
+        request.messages or (),
+        lambda message: _parts(message, call_names),
+        assistant="model",
+        key="parts",
+    )
     body: dict[str, Any] = {"contents": contents}
     if system:
         body["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}

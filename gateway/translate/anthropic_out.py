@@ -1,9 +1,8 @@
 """Canonical requests as Anthropic Messages bodies, and Anthropic's answers as canonical ones.
 
-Used by the ``anthropic`` provider (and, for its content-block mapping, by Bedrock's Converse
-translation, which has the same shape of turns). System and developer turns become ``system``;
-``tool`` turns become ``user`` turns of ``tool_result`` blocks; consecutive turns of one role
-are merged, as the Messages API wants alternating roles.
+Used by the ``anthropic`` provider. System and developer turns become ``system``; ``tool`` turns
+become ``user`` turns of ``tool_result`` blocks; consecutive turns of one role are merged, as the
+Messages API wants alternating roles (translate/turns.py, shared with Bedrock and Gemini).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from gateway.canonical import (
     Usage,
 )
 from gateway.providers.features import data_url
+from gateway.translate.turns import split_turns, tool_input, usage_with_cache
 
 DEFAULT_MAX_TOKENS = 4096
 """Anthropic requires ``max_tokens``; used when the client set none."""
@@ -40,13 +40,6 @@ FINISH_REASONS = {
     "refusal": "content_filter",
     "model_context_window_exceeded": "length",
 }
-
-
-def _arguments(text: str) -> Any:
-    try:
-        return json.loads(text) if text else {}
-    except ValueError:
-        return {"_raw": text}
 
 
 def image_block(part: ImagePart) -> dict[str, Any]:
@@ -68,7 +61,7 @@ def _block(part: Part) -> dict[str, Any]:
             "type": "tool_use",
             "id": part.id,
             "name": part.name,
-            "input": _arguments(part.arguments),
+            "input": tool_input(part.arguments),
         }
     if isinstance(part, ToolResult):
         content = [_block(p) for p in part.content]
@@ -81,22 +74,13 @@ def _block(part: Part) -> dict[str, Any]:
     raise TypeError(f"no Anthropic block for {type(part).__name__}")
 
 
+def _blocks(message: Message) -> list[dict[str, Any]]:
+    return [_block(p) for p in message.parts if not (isinstance(p, TextPart) and not p.text)]
+
+
 def messages_body(request: ChatRequest, model: str) -> dict[str, Any]:
     """The Messages API body for ``request`` (features already checked by the provider)."""
-    system: list[str] = []
-    turns: list[dict[str, Any]] = []
-    for message in request.messages or ():
-        if message.role in {"system", "developer"}:
-            system.append(message.text())
-            continue
-        role = "assistant" if message.role == "assistant" else "user"
-        blocks = [_block(p) for p in message.parts if not (isinstance(p, TextPart) and not p.text)]
-        if not blocks:
-            continue
-        if turns and turns[-1]["role"] == role:
-            turns[-1]["content"].extend(blocks)
-        else:
-            turns.append({"role": role, "content": blocks})
+    system, turns = split_turns(request.messages or (), _blocks)
     s = request.sampling
     body: dict[str, Any] = {
         "model": model,
@@ -157,15 +141,12 @@ def messages_body(request: ChatRequest, model: str) -> dict[str, Any]:
 
 def usage_of(raw: dict[str, Any] | None) -> Usage | None:
     """Anthropic counts cached prompt tokens apart from ``input_tokens``; ours include them."""
-    if not raw:
-        return None
-    read = int(raw.get("cache_read_input_tokens") or 0)
-    written = int(raw.get("cache_creation_input_tokens") or 0)
-    return Usage(
-        prompt_tokens=int(raw.get("input_tokens") or 0) + read + written,
-        completion_tokens=int(raw.get("output_tokens") or 0),
-        cached_tokens=read,
-        cache_creation_tokens=written,
+    return usage_with_cache(
+        raw,
+        input="input_tokens",
+        output="output_tokens",
+        read="cache_read_input_tokens",
+        written="cache_creation_input_tokens",
     )
 
 
