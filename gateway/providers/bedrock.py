@@ -18,7 +18,7 @@ from urllib.parse import quote
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
-from botocore.eventstream import EventStreamBuffer, EventStreamError
+from botocore.eventstream import EventStreamBuffer, EventStreamError, ParserError
 from botocore.session import Session
 
 from gateway.canonical import (
@@ -272,7 +272,8 @@ class BedrockProvider:
                 raise ProviderError(
                     f"deployment {self.name} failed mid-stream", retryable=not started
                 ) from exc
-            except (EventStreamError, ValueError) as exc:
+            # ParserError: a frame whose checksum or lengths are wrong (not a ValueError).
+            except (EventStreamError, ParserError, ValueError) as exc:
                 raise ProviderError(
                     f"deployment {self.name} sent an unreadable event", retryable=not started
                 ) from exc

@@ -5,18 +5,22 @@ or a last user turn asking "what is the weather": one call of the named (else fi
 arguments ``{"city": "Paris"}``. Otherwise ``n = min(max_tokens, 5)`` words ``"w0 "``,
 ``"w1 "``, ... (``length`` when max_tokens cut it). Prompt tokens: one per whitespace-separated
 word of every text in the request. Models named ``limited`` answer 429 (``retry-after: 0``),
-``down`` 503, ``bad`` 400, ``locked`` 401; every server counts calls per model.
+``down`` 503, ``bad`` 400, ``locked`` 401; every server counts calls per model. Models named
+``cut-N`` answer like any other but end the body after its first N parts (a stream stopped
+short); ``garble-N`` replace the N-th part with bytes no client can read.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 WORD_LIMIT = 5
 TOOL_ARGUMENTS = {"city": "Paris"}
+_FAULT = re.compile(r"\b(cut|garble)-(\d+)\b")
 
 
 @dataclass
@@ -95,6 +99,9 @@ class FakeServer:
         self.headers.append(headers)
         body = json.loads(raw) if raw else {}
         self.bodies.append(body)
+        fault = _FAULT.search(f"{scope['path']} {body.get('model', '')}")
+        if fault:
+            send = _faulty(send, fault.group(1), int(fault.group(2)))
         await self.handle(scope, headers, raw, body, send)
 
     async def handle(
@@ -134,3 +141,26 @@ async def send_bytes(send: Any, data: bytes, more: bool = True) -> None:
 def sse(payload: Any, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
     return (head + "data: " + json.dumps(payload) + "\n\n").encode()
+
+
+def _faulty(send: Any, fault: str, part: int) -> Any:
+    """``send`` with the body ended after its first ``part`` parts (``cut``), or with its
+    ``part``-th part garbled."""
+    parts = 0
+    ended = False
+
+    async def faulty_send(message: dict[str, Any]) -> None:
+        nonlocal parts, ended
+        if message["type"] != "http.response.body":
+            return await send(message)
+        parts += 1
+        if fault == "cut" and parts > part:
+            if not ended:
+                ended = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return None
+        if fault == "garble" and parts == part:
+            message = {**message, "body": b"data: {\x00\xff garbled\n\n" + bytes(range(64))}
+        await send(message)
+
+    return faulty_send

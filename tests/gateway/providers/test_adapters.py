@@ -186,3 +186,30 @@ async def test_bedrock_rejects_a_changed_body(make_provider: ProviderFactory) ->
     with pytest.raises(ProviderError) as caught:
         await provider.complete(chat(text_message("user", "hi")))
     assert "refused" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("fault", ["cut-0", "cut-5", "garble-1", "garble-5"])
+async def test_a_broken_stream_may_be_retried_only_before_output(
+    make_provider: ProviderFactory, kind: str, fault: str
+) -> None:
+    """Once text reached the client another deployment must not start over."""
+    provider = make_provider(kind, fault)
+    chunks: list[Chunk] = []
+    with pytest.raises(ProviderError) as caught:
+        async for chunk in provider.generate(chat(text_message("user", "say some words"))):
+            chunks.append(chunk)
+    started = any(chunk.has_output() for chunk in chunks)
+    assert started == fault.endswith("-5")
+    assert caught.value.retryable == (not started)
+    broken = "ended the stream early" if fault.startswith("cut") else "sent an unreadable"
+    assert broken in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_an_unreadable_whole_answer_is_retryable(
+    make_provider: ProviderFactory, kind: str
+) -> None:
+    with pytest.raises(ProviderError) as caught:
+        await make_provider(kind, "garble-1").complete(chat(text_message("user", "hi")))
+    assert caught.value.retryable and "sent an unreadable answer" in str(caught.value)
