@@ -11,10 +11,13 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -366,3 +369,93 @@ class Reference:
 @pytest.fixture(scope="session")
 def reference(tiny_model_dir: Path) -> Reference:
     return Reference(tiny_model_dir)
+
+
+@dataclass
+class Up:
+    """A running ``sluicegate up`` (embedded PostgreSQL and Redis, the demo model)."""
+
+    base_url: str
+    api_key: str
+    admin_key: str
+    model: str
+    model_dir: Path
+
+    def openai(self, **kwargs: Any) -> Any:
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"{self.base_url}/v1", api_key=self.api_key, **kwargs)
+
+    def anthropic(self, api_key: str | None = None, **kwargs: Any) -> Any:
+        import anthropic
+
+        kwargs.setdefault("max_retries", 0)
+        key = api_key or self.api_key
+        return anthropic.Anthropic(base_url=self.base_url, api_key=key, **kwargs)
+
+    def create_key(self, name: str, **limits: Any) -> str:
+        """A new API key through the admin API (``limits``: e.g. ``rpm_limit``)."""
+        response = httpx.post(
+            f"{self.base_url}/admin/keys",
+            headers={"Authorization": f"Bearer {self.admin_key}"},
+            json={"name": name, **limits},
+            timeout=10,
+        )
+        assert response.status_code == 201, response.text
+        return str(response.json()["key"])
+
+
+@pytest.fixture(scope="session")
+def up() -> Iterator[Up]:
+    """One ``sluicegate up`` for every test module that drives the SDKs against it (starting
+    one takes PostgreSQL, Redis, a migration and a model load)."""
+    # Not under pytest's basetemp: the embedded PostgreSQL runs as another user (we are root)
+    # and needs every parent directory traversable, while any pytest starting meanwhile on
+    # this machine resets /tmp/pytest-of-<user> to 0700.
+    scratch = Path(tempfile.mkdtemp(prefix="sg-up-"))
+    data_dir = scratch / "sg-data"
+    port = free_port()
+    argv = [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir)]
+    process = subprocess.Popen(
+        [*argv, "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=base_env(),  # no SLUICEGATE_* URLs: embedded PostgreSQL and Redis
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and (line := process.stdout.readline()):
+            lines.append(line)
+            if "Press Ctrl-C" in line:
+                break
+        output = "".join(lines)
+        found = {
+            name: re.search(rf"{label}:\s+(\S+)", output)
+            for name, label in (("api_key", "API key"), ("admin", "admin key"), ("model", "model"))
+        }
+        assert all(found.values()) and "Press Ctrl-C" in output, output
+        # Whatever it prints later must not fill the pipe and stall it.
+        threading.Thread(target=process.stdout.read, daemon=True).start()
+        model = found["model"].group(1)  # type: ignore[union-attr]
+        yield Up(
+            base_url=f"http://127.0.0.1:{port}",
+            api_key=found["api_key"].group(1),  # type: ignore[union-attr]
+            admin_key=found["admin"].group(1),  # type: ignore[union-attr]
+            model=model,
+            model_dir=data_dir / "models" / model,
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        shutil.rmtree(scratch, ignore_errors=True)

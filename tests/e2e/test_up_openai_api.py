@@ -6,13 +6,6 @@ model, logprobs and seeded ``n``."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, Literal
 
@@ -40,43 +33,9 @@ class Gate(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, tools: SimpleNamespace) -> Iterator[Any]:
-    from openai import OpenAI
-
-    data_dir = tmp_path_factory.mktemp("up") / "sg-data"
-    port = tools.free_port()
-    command = [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir)]
-    up = subprocess.Popen(
-        [*command, "--port", str(port)],
-        env=tools.base_env(),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        assert up.stdout is not None
-        lines: list[str] = []
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and (line := up.stdout.readline()):
-            lines.append(line)
-            if "Press Ctrl-C" in line:
-                break
-        output = "".join(lines)
-        api_key = re.search(r"API key:\s+(\S+)", output)
-        model = re.search(r"model:\s+(\S+)", output)
-        assert api_key and model, output
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=api_key.group(1))
-        model_dir = data_dir / "models" / model.group(1)
-        yield SimpleNamespace(client=client, model=model.group(1), model_dir=model_dir)
-    finally:
-        os.killpg(up.pid, signal.SIGINT)
-        try:
-            up.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(up.pid, signal.SIGKILL)
-            up.wait(10)
+def served(up: Any) -> SimpleNamespace:
+    """The session's ``sluicegate up`` (tests/e2e/conftest.py), seen through the openai SDK."""
+    return SimpleNamespace(client=up.openai(), model=up.model, model_dir=up.model_dir)
 
 
 def test_named_tool_call_validates_streams_the_same_and_takes_the_follow_up(served: Any) -> None:

@@ -1,5 +1,6 @@
-"""The official ``anthropic`` SDK and the ``openai`` SDK's Responses API, unchanged, against a
-gateway and a real engine worker on the tiny demo model (Hermes-style tool template).
+"""The official ``anthropic`` SDK and the ``openai`` SDK's Responses API, unchanged, against
+``sluicegate up`` on its demo model (random weights, a Hermes-style tool template), the
+session's one ``up`` process (tests/e2e/conftest.py).
 
 Acceptance 1 and 2 of issue 10: a message, a streamed message, a forced tool call whose input
 validates against its schema, a tool_result follow-up, output_config.format output that
@@ -15,9 +16,7 @@ import anthropic
 import jsonschema
 import pytest
 
-from .conftest import Cluster, Gateway, create_key, model_name
-
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.slow]
 
 # Enums keep a random model's constrained arguments short enough to finish.
 WEATHER_SCHEMA = {
@@ -30,16 +29,14 @@ WEATHER = {"name": "get_weather", "description": "A forecast", "input_schema": W
 
 
 @pytest.fixture(scope="module")
-def model(cluster: Cluster, redis_url: str, gateway: Gateway) -> str:
-    name = model_name("claude-tiny")
-    cluster.worker(name, redis_url)
-    gateway.wait_model(name)
-    return name
+def model(up: Any) -> str:
+    return str(up.model)
 
 
 @pytest.fixture(scope="module")
-def claude(gateway: Gateway) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=gateway.base_url, api_key=gateway.api_key, max_retries=0)
+def claude(up: Any) -> anthropic.Anthropic:
+    client: anthropic.Anthropic = up.anthropic()
+    return client
 
 
 def test_message_and_stream(claude: anthropic.Anthropic, model: str) -> None:
@@ -115,19 +112,44 @@ def test_output_format_validates(claude: anthropic.Anthropic, model: str) -> Non
     jsonschema.validate(json.loads(message.content[0].text), schema)  # type: ignore[union-attr]
 
 
-def test_count_tokens_matches_the_message_usage(claude: anthropic.Anthropic, model: str) -> None:
+def test_count_tokens_counts_system_and_tools(claude: anthropic.Anthropic, model: str) -> None:
     messages: Any = [{"role": "user", "content": "Count these words, please."}]
+    system = "You are a weather service."
+
+    def prompt_of(message: Any) -> int:
+        # Anthropic counts prompt tokens read from the cache apart from input_tokens.
+        usage = message.usage
+        return int(
+            usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+        )
+
     counted = claude.messages.count_tokens(model=model, messages=messages)
+    assert counted.model_dump() == {"input_tokens": counted.input_tokens}
     message = claude.messages.create(model=model, max_tokens=2, messages=messages)
-    usage = message.usage
-    # Anthropic counts prompt tokens read from the cache apart from input_tokens.
-    total = usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
-    assert counted.input_tokens == total > 0
+    assert counted.input_tokens == prompt_of(message) > 0
+
+    with_system = claude.messages.count_tokens(model=model, system=system, messages=messages)
+    with_tools = claude.messages.count_tokens(
+        model=model,
+        system=system,
+        tools=[WEATHER],  # type: ignore[list-item]
+        messages=messages,
+    )
+    assert counted.input_tokens < with_system.input_tokens < with_tools.input_tokens
+    message = claude.messages.create(
+        model=model,
+        max_tokens=2,
+        system=system,
+        tools=[WEATHER],  # type: ignore[list-item]
+        messages=messages,
+    )
+    # The tools' definitions are in the rendered prompt, as the engine renders it to generate.
+    assert with_tools.input_tokens == prompt_of(message)
 
 
-def test_typed_errors(claude: anthropic.Anthropic, gateway: Gateway, model: str) -> None:
+def test_typed_errors(claude: anthropic.Anthropic, up: Any, model: str) -> None:
     hello: Any = [{"role": "user", "content": "hi"}]
-    stranger = anthropic.Anthropic(base_url=gateway.base_url, api_key="sk-wrong", max_retries=0)
+    stranger = up.anthropic(api_key="sk-wrong")
     with pytest.raises(anthropic.AuthenticationError):
         stranger.messages.create(model=model, max_tokens=2, messages=hello)
     with pytest.raises(anthropic.NotFoundError):
@@ -138,8 +160,8 @@ def test_typed_errors(claude: anthropic.Anthropic, gateway: Gateway, model: str)
             max_tokens=2,
             messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}],  # type: ignore[list-item]
         )
-    key, _ = create_key(gateway.base_url, "one-rpm", rpm_limit=1)
-    limited = anthropic.Anthropic(base_url=gateway.base_url, api_key=key, max_retries=0)
+    # A key of its own through the admin API, allowed one request a minute.
+    limited = up.anthropic(api_key=up.create_key("one-rpm", rpm_limit=1))
     limited.messages.create(model=model, max_tokens=2, messages=hello)
     with pytest.raises(anthropic.RateLimitError) as caught:
         limited.messages.create(model=model, max_tokens=2, messages=hello)
@@ -156,8 +178,8 @@ FUNCTION = {
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_responses_with_a_function_tool(gateway: Gateway, model: str, stream: bool) -> None:
-    client = gateway.openai(max_retries=0)
+def test_responses_with_a_function_tool(up: Any, model: str, stream: bool) -> None:
+    client = up.openai(max_retries=0)
     kwargs: dict[str, Any] = {
         "model": model,
         "input": "Weather in Paris for 3 days?",
@@ -166,13 +188,19 @@ def test_responses_with_a_function_tool(gateway: Gateway, model: str, stream: bo
         "max_output_tokens": 256,
     }
     if stream:
-        with client.responses.stream(**kwargs) as events:
-            kinds = [event.type for event in events]
-            response = events.get_final_response()
+        events = list(client.responses.create(stream=True, **kwargs))
+        kinds = [event.type for event in events]
         assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
         assert "response.function_call_arguments.delta" in kinds
+        response = events[-1].response
+        streamed = "".join(
+            e.delta for e in events if e.type == "response.function_call_arguments.delta"
+        )
+        (done,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert streamed == done.arguments
     else:
         response = client.responses.create(**kwargs)
+    assert response.status == "completed"
     (call,) = [item for item in response.output if item.type == "function_call"]
     jsonschema.validate(json.loads(call.arguments), WEATHER_SCHEMA)
     assert response.usage is not None and response.usage.output_tokens > 0
@@ -194,8 +222,8 @@ def test_responses_with_a_function_tool(gateway: Gateway, model: str, stream: bo
     assert follow.status in {"completed", "incomplete"}
 
 
-def test_responses_logprobs_when_included(gateway: Gateway, model: str) -> None:
-    response = gateway.openai(max_retries=0).responses.create(
+def test_responses_logprobs_when_included(up: Any, model: str) -> None:
+    response = up.openai(max_retries=0).responses.create(
         model=model,
         input="Say something.",
         max_output_tokens=4,
