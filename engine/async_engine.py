@@ -166,6 +166,27 @@ class AsyncEngine:
         self._wake.set()
         return self._stream(request_id, queue)
 
+    async def count_prompt_tokens(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_token_ids: list[int] | None = None,
+        messages: list[Any] | None = None,
+        options: RequestOptions | None = None,
+    ) -> int:
+        """The prompt's length in tokens, rendered exactly as ``add_request`` renders it (chat
+        template, tools), without scheduling anything. It runs on the step thread, between
+        two steps, as everything that touches the engine does."""
+        if self._loop_task is None or self._stopping:
+            raise EngineStopped("the engine is not running; call start() first")
+        core = self.core
+        assert core is not None
+        loop = asyncio.get_running_loop()
+        ids = await loop.run_in_executor(
+            self._executor, core.prompt_ids, prompt, prompt_token_ids, messages, options
+        )
+        return len(ids)
+
     async def _stream(
         self, request_id: str, queue: asyncio.Queue[RequestDelta | BaseException]
     ) -> AsyncIterator[RequestDelta]:

@@ -215,6 +215,11 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     stop checks). They count toward ``sampling.max_tokens`` and deltas carry only new tokens;
     their text (answer, reasoning, tool calls) is what the stream delivered, one delta per
     token, so the worker re-derives where that delivery stopped and goes on from there."""
+    count_only: bool = False
+    """Only count the prompt's tokens, rendered as a generation would render it (chat template,
+    tools): the worker answers one final delta whose ``usage`` has them and no completion
+    tokens, and schedules nothing. A worker that predates the field generates instead, up to
+    ``sampling.max_tokens`` (the gateway sends 1), and its usage has the same prompt count."""
     v: int = msgspec.field(default_factory=_version)
 
     def reply_key(self) -> str:

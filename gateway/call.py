@@ -352,6 +352,16 @@ class Call:
         self.status = "ok"
         return await self._respond(renderer.whole(self, answer))
 
+    async def count(self) -> int:
+        """The prompt's tokens as the deployment that would serve it counts them. Nothing is
+        generated or billed: the call settles at zero tokens (it still counts as a request
+        toward the key's request-rate limit, and has a usage row)."""
+        count = await self._answer(self.services.router.count_tokens(self.route, self.request))
+        self.usage = Usage(0, 0)
+        self.status = "ok"
+        await self.finish()
+        return count
+
     async def embed(self) -> Response[bytes]:
         """Embeddings: the upstream's object, ``model`` named as the client asked."""
         raw, usage = await self._answer(self.services.router.embed(self.route, self.request))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import msgspec
 import yaml
 from redis.asyncio import Redis
 
@@ -355,6 +356,23 @@ class Router:
                 result: Response = await complete(request)
                 return result
             return await _collect(deployment.provider, request)
+
+        return await self.serve(route, request, start)
+
+    async def count_tokens(self, route: ModelRoute, request: ChatRequest) -> tuple[Deployment, int]:
+        """The prompt's tokens as a deployment that would serve it counts them, with fallback:
+        its own count (our engines, Anthropic's count endpoint); a backend without one answers
+        a one-token generation, whose usage has the prompt's tokens."""
+
+        async def start(deployment: Deployment) -> int:
+            count = getattr(deployment.provider, "count_tokens", None)
+            if count is not None:
+                result: int = await count(request)
+                return result
+            sampling = msgspec.structs.replace(request.sampling, max_tokens=1, n=1)
+            once = msgspec.structs.replace(request, sampling=sampling, output=None)
+            answer = await _collect(deployment.provider, once)
+            return answer.usage.prompt_tokens if answer.usage else 0
 
         return await self.serve(route, request, start)
 

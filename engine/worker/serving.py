@@ -17,6 +17,7 @@ import msgspec
 from engine import protocol
 from engine.engine_core import RequestDelta
 from engine.metrics import WorkerMetrics
+from engine.prompt_count import count_reply
 from engine.tracing import RequestTracer
 from engine.worker.options import WorkerOptions
 from engine.worker.replies import ReplyWriter, Write
@@ -80,6 +81,9 @@ class Server:
         request = item.request
         rid = request.request_id
         try:
+            if request.count_only:
+                self._finish(item, await count_reply(self.engine, request, self.options.worker_id))
+                return
             async for output in self._start_request(request):
                 self._publish_delta(item, output)
                 if request.expired():

@@ -16,7 +16,8 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from gateway.api.anthropic_errors import ANTHROPIC_EXCEPTION_HANDLERS, anthropic_error
-from gateway.call import Call, admit
+from gateway.api.anthropic_thinking import ThinkingSigner, signer_for
+from gateway.call import DEPLOYMENT_HEADER, Call, admit
 from gateway.canonical import Chunk
 from gateway.canonical import Response as Answer
 from gateway.errors import OpenAIError
@@ -31,13 +32,14 @@ _encode = msgspec.json.Encoder().encode
 class MessagesRenderer:
     """Canonical answers as Anthropic messages; one per request (a stream has state)."""
 
-    def __init__(self) -> None:
-        self._writer = StreamWriter()
+    def __init__(self, signer: ThinkingSigner) -> None:
+        self._sign = signer.sign
+        self._writer = StreamWriter(signer.sign)
 
     def whole(self, call: Call, answer: Answer) -> bytes:
         assert call.usage is not None
         body = message_body(
-            call.response_id, call.public_model, answer, call.usage, call.finish_reason
+            call.response_id, call.public_model, answer, call.usage, call.finish_reason, self._sign
         )
         return _encode(body)
 
@@ -65,49 +67,33 @@ class MessagesController(Controller):
     @post("/", status_code=200, summary="Create a message (Anthropic Messages API)")
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, _ = decode_body(await request.body(), MessagesRequest)
+        signer = _signer(request)
+        signer.check(data.messages)
         body = canonical(data)
         call = await admit(request, body, operation="chat", id_prefix="msg_")
-        renderer = MessagesRenderer()
+        renderer = MessagesRenderer(signer)
         response = await (call.stream(renderer) if body.stream else call.complete(renderer))
         return response
 
     @post("/count_tokens", status_code=200, summary="Count a message's input tokens")
     async def count_tokens(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        """``{"input_tokens": N}``: the prompt (system, messages, tools) as the deployment
+        that would serve it counts it, with nothing generated; keys and request limits apply
+        as to a message."""
         data, _ = decode_body(await request.body(), CountTokensRequest)
+        _signer(request).check(data.messages)
         body = canonical(data)
-        count = await count_prompt_tokens(request, body)
-        return Response(_encode({"input_tokens": count}), media_type="application/json")
+        # Admission reserves the prompt and the output cap; there is no output to reserve.
+        body.sampling.max_tokens = 1
+        call = await admit(request, body, operation="count_tokens", id_prefix="msg_")
+        count = await call.count()
+        headers = {DEPLOYMENT_HEADER: call.deployment.name} if call.deployment else {}
+        return Response(
+            _encode({"input_tokens": count}),
+            media_type="application/json",
+            headers={**call.admission.headers, **headers},
+        )
 
 
-class _PromptCounter:
-    """Keeps the prompt's token count of a one-token generation; renders nothing."""
-
-    prompt_tokens = 0
-
-    def whole(self, call: Call, answer: Answer) -> bytes:
-        self.prompt_tokens = call.usage.prompt_tokens if call.usage else 0
-        return b"{}"
-
-    def opening(self, call: Call, first: Chunk) -> bytes:
-        return b""
-
-    def chunk(self, call: Call, chunk: Chunk) -> bytes:
-        return b""
-
-    def closing(self, call: Call) -> bytes:
-        return b""
-
-    def error(self, call: Call, error: OpenAIError) -> bytes:
-        return b""
-
-
-async def count_prompt_tokens(request: Request[Any, Any, Any], body: Any) -> int:
-    """The prompt's tokens as the serving deployment counts them (its own chat template and
-    tokenizer): a one-token generation through the usual lifecycle, so keys, limits and usage
-    apply, and the count is the backend's, not an estimate."""
-    body.sampling.max_tokens = 1
-    body.output = None
-    call = await admit(request, body, operation="count_tokens", id_prefix="msg_")
-    counter = _PromptCounter()
-    await call.complete(counter)
-    return counter.prompt_tokens
+def _signer(request: Request[Any, Any, Any]) -> ThinkingSigner:
+    return signer_for(request.app.state.services.settings.master_key)

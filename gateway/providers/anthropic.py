@@ -42,6 +42,12 @@ SUPPORTED = frozenset(
 
 _STATUS_OF_ERROR_EVENT = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}
 
+_COUNTED_FIELDS = frozenset(
+    {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"}
+)
+"""What ``/v1/messages/count_tokens`` takes of a Messages body (it refuses ``max_tokens``,
+sampling and the rest)."""
+
 
 class AnthropicProvider:
     def __init__(
@@ -58,6 +64,7 @@ class AnthropicProvider:
         self.model = model
         self._http = HostedClient(name, sessions, read_timeout_s)
         self._url = base_url.rstrip("/") + "/v1/messages"
+        self._count_url = self._url + "/count_tokens"
         self._headers = {"content-type": "application/json", "anthropic-version": API_VERSION}
         if api_key:
             self._headers["x-api-key"] = api_key
@@ -80,6 +87,20 @@ class AnthropicProvider:
         except (ValueError, KeyError, TypeError) as exc:
             raise ProviderError(
                 f"deployment {self.name} sent an unreadable answer", retryable=True
+            ) from exc
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Anthropic's own count of the prompt (``/v1/messages/count_tokens``)."""
+        body = messages_body(request, self.model)
+        counted = {k: v for k, v in body.items() if k in _COUNTED_FIELDS}
+        raw, _ = await self._http.post(
+            request, self._count_url, self._headers, json.dumps(counted).encode()
+        )
+        try:
+            return int(json.loads(raw)["input_tokens"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(
+                f"deployment {self.name} sent an unreadable token count", retryable=True
             ) from exc
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:

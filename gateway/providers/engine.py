@@ -170,6 +170,26 @@ class EngineProvider:
             if call.counted_on:
                 self._outstanding[call.counted_on] -= 1
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt's tokens as a worker renders it (its chat template, the tools), with
+        nothing generated: a count-only request, answered by one final delta."""
+        await self._workers_or_503()
+        deadline = request.deadline or time.time() + self.settings.request_timeout_s
+        message = wire_request(request, self.model, deadline, self._replies.stream, 1)
+        message = msgspec.structs.replace(
+            message,
+            count_only=True,
+            # What a worker from before count_only does instead: a one-token generation.
+            sampling=protocol.Sampling(max_tokens=1),
+            n=1,
+            structured=None,
+        )
+        call = _Call(request.request_id, deadline)
+        async for chunk in self._attempt(call, message, protocol.request_stream(self.model)):
+            if chunk.usage is not None:
+                return chunk.usage.prompt_tokens
+        return call.prompt_tokens
+
     async def _attempt(
         self, call: _Call, message: protocol.Request, stream: str
     ) -> AsyncIterator[Chunk]:

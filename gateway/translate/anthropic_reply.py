@@ -5,6 +5,7 @@ the exact stream of events (``message_start``, ``content_block_start`` / ``_delt
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -20,6 +21,9 @@ STOP_REASONS = {
 }
 
 _encode = msgspec.json.Encoder().encode
+
+Sign = Callable[[str], str]
+"""A thinking text's signature (gateway/api/anthropic_thinking.py)."""
 
 
 def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str:
@@ -47,16 +51,20 @@ def tool_input(arguments: str) -> Any:
 
 
 def message_body(
-    message_id: str, model: str, answer: Response, usage: Usage, finish_reason: str | None
+    message_id: str,
+    model: str,
+    answer: Response,
+    usage: Usage,
+    finish_reason: str | None,
+    sign: Sign,
 ) -> dict[str, Any]:
     choice = answer.choices[0] if answer.choices else None
     content: list[dict[str, Any]] = []
     stop_sequence = None
     if choice is not None:
-        if choice.message.reasoning:
-            content.append(
-                {"type": "thinking", "thinking": choice.message.reasoning, "signature": ""}
-            )
+        thinking = choice.message.reasoning
+        if thinking:
+            content.append({"type": "thinking", "thinking": thinking, "signature": sign(thinking)})
         for part in choice.message.parts:
             if isinstance(part, TextPart) and part.text:
                 content.append({"type": "text", "text": part.text})
@@ -90,11 +98,14 @@ def event(name: str, payload: dict[str, Any]) -> bytes:
 
 
 class StreamWriter:
-    """One stream's events: content blocks opened and closed as the chunks' kinds change."""
+    """One stream's events: content blocks opened and closed as the chunks' kinds change. A
+    thinking block ends with its ``signature_delta``, as Anthropic's do."""
 
-    def __init__(self) -> None:
+    def __init__(self, sign: Sign) -> None:
+        self._sign = sign
         self._index = -1
         self._open: str | None = None
+        self._thinking: list[str] = []
         self.stop_sequence: str | None = None
 
     def start(self, message_id: str, model: str, prompt_tokens: int) -> bytes:
@@ -115,8 +126,14 @@ class StreamWriter:
     def _close(self) -> bytes:
         if self._open is None:
             return b""
+        out = b""
+        if self._open == "thinking":
+            signature = self._sign("".join(self._thinking))
+            self._thinking.clear()
+            out = self._delta({"type": "signature_delta", "signature": signature})
         self._open = None
-        return event("content_block_stop", {"type": "content_block_stop", "index": self._index})
+        stop = {"type": "content_block_stop", "index": self._index}
+        return out + event("content_block_stop", stop)
 
     def _block(self, kind: str, block: dict[str, Any]) -> bytes:
         out = self._close()
@@ -137,6 +154,7 @@ class StreamWriter:
                     out += self._block(
                         "thinking", {"type": "thinking", "thinking": "", "signature": ""}
                     )
+                self._thinking.append(choice.reasoning)
                 out += self._delta({"type": "thinking_delta", "thinking": choice.reasoning})
             if choice.text:
                 if self._open != "text":

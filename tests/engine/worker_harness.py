@@ -19,9 +19,10 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class WorkerHarness:
-    def __init__(self, redis: aioredis.Redis, model: str) -> None:
+    def __init__(self, redis: aioredis.Redis, model: str, engine: AsyncEngine) -> None:
         self.redis = redis
         self.model = model
+        self.engine = engine
 
     async def send(self, request: protocol.Request) -> None:
         await self.redis.xadd(
@@ -71,7 +72,7 @@ async def running_worker(model_dir: Path, **engine_options: Any) -> AsyncIterato
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        yield WorkerHarness(redis, model)
+        yield WorkerHarness(redis, model, engine)
     finally:
         stop.set()
         await task

@@ -6,6 +6,9 @@ reports 2 cache-read and 1 cache-write tokens besides ``input_tokens``. Errors u
 ``{"type": "error", "error": {...}}`` shape: ``limited`` 429 rate_limit_error, ``down`` 529
 overloaded_error, ``bad`` 400 invalid_request_error; ``once-limited`` answers every other call
 429 with ``retry-after-ms: 300``; ``short-context`` refuses prompts over 3 words as too long.
+``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}``: the words of the messages
+and the system prompt, plus each tool's name and description words; like Anthropic's, it
+refuses the fields it does not take (``max_tokens``, sampling, ``stream``, ...).
 """
 
 from __future__ import annotations
@@ -25,6 +28,16 @@ from .fake_common import (
 )
 
 API_KEY = "ant-test-key"
+_COUNTED_FIELDS = {
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "output_config",
+    "cache_control",
+}
 _ERRORS = {
     "limited": (429, "rate_limit_error", "Number of request tokens has exceeded your limit."),
     "down": (529, "overloaded_error", "Overloaded"),
@@ -40,7 +53,7 @@ class FakeAnthropic(FakeServer):
     async def handle(
         self, scope: dict[str, Any], headers: dict[str, str], raw: bytes, body: Any, send: Any
     ) -> None:
-        if scope["path"] != "/v1/messages":
+        if scope["path"] not in {"/v1/messages", "/v1/messages/count_tokens"}:
             return await send_json(send, 404, _error("not_found_error", "Not found"))
         if headers.get("x-api-key") != API_KEY:
             return await send_json(send, 401, _error("authentication_error", "invalid x-api-key"))
@@ -48,6 +61,8 @@ class FakeAnthropic(FakeServer):
             return await send_json(
                 send, 400, _error("invalid_request_error", "anthropic-version header is required")
             )
+        if scope["path"].endswith("/count_tokens"):
+            return await _count_tokens(body, send)
         model = body["model"]
         self.calls[model] += 1
         if model == "once-limited" and self.calls[model] % 2 == 1:
@@ -116,6 +131,16 @@ class FakeAnthropic(FakeServer):
         end = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}}
         await send_bytes(send, sse(end, "message_delta"))
         await send_bytes(send, sse({"type": "message_stop"}, "message_stop"), more=False)
+
+
+async def _count_tokens(body: dict[str, Any], send: Any) -> None:
+    extra = sorted(set(body) - _COUNTED_FIELDS)
+    if extra:
+        error = _error("invalid_request_error", f"{extra[0]}: Extra inputs are not permitted")
+        return await send_json(send, 400, error)
+    tools = sum(1 + len((t.get("description") or "").split()) for t in body.get("tools") or ())
+    tokens = count_words(body.get("messages")) + count_words(body.get("system")) + tools
+    await send_json(send, 200, {"input_tokens": tokens})
 
 
 def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,92 @@
+"""``/v1/messages/count_tokens`` through hosted deployments, and the signatures of the thinking
+blocks the gateway returns, with the official ``anthropic`` SDK against a gateway in front of
+the fake providers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+
+WEATHER: Any = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+SAY: Any = [{"role": "user", "content": "say some words"}]
+THINK: Any = {"type": "enabled", "budget_tokens": 1024}
+
+
+@pytest.fixture(scope="module")
+def claude(hosted_gateway: tuple[str, str]) -> anthropic.Anthropic:
+    url, key = hosted_gateway
+    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
+
+
+def test_count_tokens_is_anthropics_own_count(
+    claude: anthropic.Anthropic, fakes: dict[str, tuple[Any, str]]
+) -> None:
+    calls = dict(fakes["anthropic"][0].calls)
+    counted = claude.messages.count_tokens(
+        model="anthropic-plain", system="be brief", tools=[WEATHER], messages=SAY
+    )
+    # The fake's count: 3 words of messages, 2 of system, the tool's name and its 5 words;
+    # the fake refuses any field its count endpoint does not take (max_tokens, ...).
+    assert counted.input_tokens == 3 + 2 + 1 + 5
+    assert fakes["anthropic"][0].calls == calls, "nothing was generated"
+
+
+def test_count_tokens_without_a_count_endpoint_is_the_prompt_of_a_generation(
+    claude: anthropic.Anthropic,
+) -> None:
+    counted = claude.messages.count_tokens(model="gemini-plain", system="be brief", messages=SAY)
+    message = claude.messages.create(
+        model="gemini-plain", max_tokens=3, system="be brief", messages=SAY
+    )
+    usage = message.usage
+    prompt = usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert counted.input_tokens == prompt == 5
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_thinking_block_comes_signed_and_goes_back(
+    claude: anthropic.Anthropic, stream: bool
+) -> None:
+    kwargs: dict[str, Any] = {
+        "model": "anthropic-plain",
+        "max_tokens": 2048,
+        "thinking": THINK,
+        "messages": SAY,
+    }
+    if stream:
+        with claude.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = claude.messages.create(**kwargs)
+    thinking = message.content[0]
+    assert thinking.type == "thinking" and thinking.thinking == "let me think"
+    assert thinking.signature.startswith("sg1.") and len(thinking.signature) > 40
+
+    def follow_up(block: dict[str, Any]) -> Any:
+        turns: Any = [
+            *SAY,
+            {"role": "assistant", "content": [block, message.content[1].model_dump()]},
+            {"role": "user", "content": "and more"},
+        ]
+        return claude.messages.create(
+            model="anthropic-plain", max_tokens=2, thinking=THINK, messages=turns
+        )
+
+    block = thinking.model_dump()
+    assert follow_up(block).stop_reason == "max_tokens"
+    for tampered in (
+        {**block, "thinking": "let me think harder"},
+        {**block, "signature": block["signature"][:-2] + "AA"},
+        {**block, "signature": ""},
+    ):
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            follow_up(tampered)
+        error = caught.value.body["error"]  # type: ignore[index]
+        assert error["type"] == "invalid_request_error"
+        assert "messages[1].content[0].signature" in error["message"]
