@@ -1,9 +1,8 @@
 """``POST /v1/chat/completions``: OpenAI's chat API in, the canonical model through ``call``.
 
 The controller only translates: the body into a canonical ``ChatRequest``, and the canonical
-answer back into OpenAI's ``chat.completion`` object or ``chat.completion.chunk`` events. An
-answer that arrives in OpenAI's own shape (``raw``, from an OpenAI-compatible upstream that
-got the client's body) goes back as the upstream wrote it, only ``id`` and ``model`` rewritten.
+answer back into OpenAI's ``chat.completion`` object or ``chat.completion.chunk`` events (an
+answer in OpenAI's own shape is relayed by ``OpenAIRenderer``, see openai_reply.py).
 """
 
 from __future__ import annotations
@@ -12,10 +11,10 @@ from typing import Any
 
 from litestar import Controller, Request, Response, post
 
-from gateway.call import Call, admit
-from gateway.canonical import Chunk
+from gateway.api.openai_reply import OpenAIRenderer, reply
+from gateway.call import Call
+from gateway.canonical import Chunk, Usage
 from gateway.canonical import Response as Answer
-from gateway.errors import OpenAIError
 from gateway.schemas.chat import ChatCompletionRequest
 from gateway.schemas.chat_out import (
     ChatCompletion,
@@ -26,30 +25,18 @@ from gateway.schemas.chat_out import (
     delta_out,
     logprobs_out,
 )
-from gateway.schemas.wire import SSE_DONE, UsageOut, decode_body, encode, sse
+from gateway.schemas.wire import UsageOut, decode_body, encode, sse
 from gateway.services import authenticate
 
 
-def relabel(call: Call, raw: dict[str, Any]) -> dict[str, Any]:
-    """An upstream's own object with our id and the model name the client used."""
-    return {**raw, "id": call.response_id, "model": call.public_model}
-
-
-class ChatRenderer:
+class ChatRenderer(OpenAIRenderer):
     """Canonical answers as OpenAI chat completions; one per request (it tracks the stream)."""
 
     def __init__(self) -> None:
-        self.relaying = False
-        """The upstream speaks OpenAI's chat wire: its chunks go out as they came."""
+        super().__init__()
         self.opened: set[int] = set()
-        self.finished: set[int] = set()
-        self.usage_sent = False
 
-    def whole(self, call: Call, answer: Answer) -> bytes:
-        if answer.raw is not None:
-            return encode(relabel(call, answer.raw))
-        usage = call.usage
-        assert usage is not None
+    def render_whole(self, call: Call, answer: Answer, usage: Usage) -> bytes:
         return encode(
             ChatCompletion(
                 id=call.response_id,
@@ -70,10 +57,6 @@ class ChatRenderer:
             )
         )
 
-    def opening(self, call: Call, first: Chunk) -> bytes:
-        self.relaying = first.raw is not None
-        return b""
-
     def _role(self, call: Call, index: int, text: bool) -> bytes:
         """A choice's first event names the role; its content starts as ``""`` for a text
         answer and stays ``null`` for tool calls, as in the non-streamed message."""
@@ -81,9 +64,7 @@ class ChatRenderer:
         role = ChunkDelta(role="assistant", content="" if text else None)
         return self._event(call, ChunkChoice(index, role, None, None))
 
-    def chunk(self, call: Call, chunk: Chunk) -> bytes:
-        if self.relaying:
-            return self._relay(call, chunk)
+    def render_chunk(self, call: Call, chunk: Chunk) -> bytes:
         out = []
         for choice in chunk.choices:
             if choice.index not in self.opened:
@@ -98,45 +79,26 @@ class ChatRenderer:
                 out.append(self._event(call, end))
         return b"".join(out)
 
-    def _relay(self, call: Call, chunk: Chunk) -> bytes:
-        raw = chunk.raw
-        if raw is None:
-            return b""
-        if "usage" in raw and not call.request.include_usage:
-            # Usage was asked of the upstream for our accounting, not by this client.
-            if not raw.get("choices"):
-                return b""
-            raw = {k: v for k, v in raw.items() if k != "usage"}
-        elif raw.get("usage"):
-            self.usage_sent = True
-        return sse(relabel(call, raw))
-
-    def closing(self, call: Call) -> bytes:
+    def close_choices(self, call: Call) -> list[bytes]:
         out = []
-        if not self.relaying:
-            for i in range(call.request.sampling.n):
-                if i not in self.opened:
-                    out.append(self._role(call, i, True))
-                if i not in self.finished:
-                    end = ChunkChoice(i, ChunkDelta(), None, call.finish_reason or "stop")
-                    out.append(self._event(call, end))
-        if call.request.include_usage and not self.usage_sent:
-            out.append(
-                sse(
-                    ChatCompletionChunk(
-                        id=call.response_id,
-                        created=call.created,
-                        model=call.public_model,
-                        choices=[],
-                        usage=UsageOut.of(call.billed()),
-                    )
-                )
-            )
-        out.append(SSE_DONE)
-        return b"".join(out)
+        for i in range(call.request.sampling.n):
+            if i not in self.opened:
+                out.append(self._role(call, i, True))
+            if i not in self.finished:
+                end = ChunkChoice(i, ChunkDelta(), None, call.finish_reason or "stop")
+                out.append(self._event(call, end))
+        return out
 
-    def error(self, call: Call, error: OpenAIError) -> bytes:
-        return b"data: " + encode(error.body()) + b"\n\n"
+    def usage_event(self, call: Call, usage: UsageOut) -> bytes:
+        return sse(
+            ChatCompletionChunk(
+                id=call.response_id,
+                created=call.created,
+                model=call.public_model,
+                choices=[],
+                usage=usage,
+            )
+        )
 
 
 class ChatCompletionsController(Controller):
@@ -149,7 +111,4 @@ class ChatCompletionsController(Controller):
         data, document = decode_body(await request.body(), ChatCompletionRequest)
         data.check()
         body = data.canonical(document)
-        call = await admit(request, body, operation="chat", id_prefix="chatcmpl-")
-        if body.stream:
-            return await call.stream(ChatRenderer())
-        return await call.complete(ChatRenderer())
+        return await reply(request, body, ChatRenderer(), operation="chat", id_prefix="chatcmpl-")

@@ -7,29 +7,26 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 
 from gateway import canonical
-from gateway.api.openai_chat import relabel
-from gateway.call import Call, admit
-from gateway.canonical import Chunk
+from gateway.api.openai_reply import OpenAIRenderer, reply
+from gateway.call import Call
+from gateway.canonical import Chunk, Usage
 from gateway.canonical import Response as Answer
-from gateway.errors import OpenAIError
 from gateway.schemas.completions import (
     CompletionLogprobs,
     CompletionRequest,
     TextChoice,
     TextCompletion,
 )
-from gateway.schemas.wire import SSE_DONE, UsageOut, decode_body, encode, sse
+from gateway.schemas.wire import UsageOut, decode_body, encode
 from gateway.services import authenticate
 
 
-class CompletionRenderer:
+class CompletionRenderer(OpenAIRenderer):
     """Canonical answers as OpenAI text completions; one per request (it tracks offsets)."""
 
     def __init__(self) -> None:
-        self.relaying = False
-        self.finished: set[int] = set()
+        super().__init__()
         self.offsets: dict[int, int] = {}
-        self.usage_sent = False
 
     def _logprobs(
         self, index: int, logprobs: list[canonical.TokenLogprob] | None, with_top: bool
@@ -62,11 +59,10 @@ class CompletionRenderer:
             )
         )
 
-    def whole(self, call: Call, answer: Answer) -> bytes:
-        if answer.raw is not None:
-            return encode(relabel(call, answer.raw))
-        usage = call.usage
-        assert usage is not None
+    def _event(self, call: Call, choices: list[TextChoice], usage: UsageOut | None = None) -> bytes:
+        return b"data: " + self._body(call, choices, usage) + b"\n\n"
+
+    def render_whole(self, call: Call, answer: Answer, usage: Usage) -> bytes:
         with_top = bool(call.request.sampling.top_logprobs)
         choices = [
             TextChoice(
@@ -79,52 +75,30 @@ class CompletionRenderer:
         ]
         return self._body(call, choices, UsageOut.of(usage))
 
-    def opening(self, call: Call, first: Chunk) -> bytes:
-        self.relaying = first.raw is not None
-        return b""
-
-    def chunk(self, call: Call, chunk: Chunk) -> bytes:
-        if self.relaying:
-            return self._relay(call, chunk)
+    def render_chunk(self, call: Call, chunk: Chunk) -> bytes:
         with_top = bool(call.request.sampling.top_logprobs)
         out = []
         for choice in chunk.choices:
             if choice.text or choice.logprobs:
                 logprobs = self._logprobs(choice.index, choice.logprobs, with_top)
                 text = TextChoice(choice.index, choice.text, logprobs, None)
-                out.append(b"data: " + self._body(call, [text], None) + b"\n\n")
+                out.append(self._event(call, [text]))
             if choice.finish_reason is not None:
                 self.finished.add(choice.index)
                 end = TextChoice(choice.index, "", None, choice.finish_reason)
-                out.append(b"data: " + self._body(call, [end], None) + b"\n\n")
+                out.append(self._event(call, [end]))
         return b"".join(out)
 
-    def _relay(self, call: Call, chunk: Chunk) -> bytes:
-        raw = chunk.raw
-        if raw is None:
-            return b""
-        if "usage" in raw and not call.request.include_usage:
-            if not raw.get("choices"):
-                return b""
-            raw = {k: v for k, v in raw.items() if k != "usage"}
-        elif raw.get("usage"):
-            self.usage_sent = True
-        return sse(relabel(call, raw))
+    def close_choices(self, call: Call) -> list[bytes]:
+        reason = call.finish_reason or "stop"
+        return [
+            self._event(call, [TextChoice(i, "", None, reason)])
+            for i in range(call.request.sampling.n)
+            if i not in self.finished
+        ]
 
-    def closing(self, call: Call) -> bytes:
-        out = []
-        if not self.relaying:
-            for i in range(call.request.sampling.n):
-                if i not in self.finished:
-                    end = TextChoice(i, "", None, call.finish_reason or "stop")
-                    out.append(b"data: " + self._body(call, [end], None) + b"\n\n")
-        if call.request.include_usage and not self.usage_sent:
-            out.append(b"data: " + self._body(call, [], UsageOut.of(call.billed())) + b"\n\n")
-        out.append(SSE_DONE)
-        return b"".join(out)
-
-    def error(self, call: Call, error: OpenAIError) -> bytes:
-        return b"data: " + encode(error.body()) + b"\n\n"
+    def usage_event(self, call: Call, usage: UsageOut) -> bytes:
+        return self._event(call, [], usage)
 
 
 class CompletionsController(Controller):
@@ -137,7 +111,6 @@ class CompletionsController(Controller):
         data, document = decode_body(await request.body(), CompletionRequest)
         data.check()
         body = data.canonical(document)
-        call = await admit(request, body, operation="text_completion", id_prefix="cmpl-")
-        if body.stream:
-            return await call.stream(CompletionRenderer())
-        return await call.complete(CompletionRenderer())
+        return await reply(
+            request, body, CompletionRenderer(), operation="text_completion", id_prefix="cmpl-"
+        )

@@ -12,7 +12,8 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, post
 
-from gateway.call import Call, admit
+from gateway.api.openai_reply import reply
+from gateway.call import Call
 from gateway.canonical import Chunk
 from gateway.canonical import Response as Answer
 from gateway.errors import OpenAIError
@@ -95,6 +96,5 @@ class ResponsesController(Controller):
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, _ = decode_body(await request.body(), ResponsesRequest)
         body = canonical(data)
-        call = await admit(request, body, operation="chat", id_prefix="resp_")
         renderer = ResponsesRenderer(data)
-        return await (call.stream(renderer) if body.stream else call.complete(renderer))
+        return await reply(request, body, renderer, operation="chat", id_prefix="resp_")
