@@ -15,11 +15,11 @@ from gateway.canonical import ChatRequest, Chunk, Response
 from gateway.providers.base import ProviderError
 from gateway.providers.features import first_unsupported
 from gateway.providers.hosted import (
-    TRANSPORT_ERRORS,
-    HostedClient,
+    HostedProvider,
     Sessions,
+    StreamGuard,
+    json_headers,
     sse_events,
-    status_error,
 )
 from gateway.translate.anthropic_out import StreamReader, messages_body, response_of
 
@@ -49,7 +49,7 @@ _COUNTED_FIELDS = frozenset(
 sampling and the rest)."""
 
 
-class AnthropicProvider:
+class AnthropicProvider(HostedProvider):
     def __init__(
         self,
         *,
@@ -60,14 +60,10 @@ class AnthropicProvider:
         base_url: str = DEFAULT_BASE_URL,
         read_timeout_s: float = 600.0,
     ) -> None:
-        self.name = name
-        self.model = model
-        self._http = HostedClient(name, sessions, read_timeout_s)
+        super().__init__(name, model, sessions, read_timeout_s)
         self._url = base_url.rstrip("/") + "/v1/messages"
         self._count_url = self._url + "/count_tokens"
-        self._headers = {"content-type": "application/json", "anthropic-version": API_VERSION}
-        if api_key:
-            self._headers["x-api-key"] = api_key
+        self._headers = json_headers("x-api-key", api_key, extra={"anthropic-version": API_VERSION})
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
         return first_unsupported(request, SUPPORTED, "Anthropic models")
@@ -79,15 +75,8 @@ class AnthropicProvider:
         return json.dumps(body).encode()
 
     async def complete(self, request: ChatRequest) -> Response:
-        raw, _ = await self._http.post(
-            request, self._url, self._headers, self._body(request, False)
-        )
-        try:
-            return response_of(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProviderError(
-                f"deployment {self.name} sent an unreadable answer", retryable=True
-            ) from exc
+        body = self._body(request, False)
+        return await self._answer(request, self._url, self._headers, body, response_of)
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """Anthropic's own count of the prompt (``/v1/messages/count_tokens``)."""
@@ -105,35 +94,18 @@ class AnthropicProvider:
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         reader = StreamReader()
-        started = False
+        guard = StreamGuard(self.name)
         async with self._http.stream(self._url, self._headers, self._body(request, True)) as resp:
-            try:
+            with guard.reading():
                 async for name, data in sse_events(resp):
                     event = json.loads(data)
                     if name == "error" or event.get("type") == "error":
                         error = event.get("error") or {}
                         status = _STATUS_OF_ERROR_EVENT.get(error.get("type"), 500)
-                        failure = status_error(self.name, status, error.get("message", ""))
-                        failure.retryable = failure.retryable and not started
-                        raise failure
+                        raise guard.upstream_error(status, error.get("message", ""))
                     chunk = reader.read(event)
                     if chunk is not None:
-                        started = started or chunk.has_output()
-                        yield chunk
+                        yield guard.saw(chunk)
                     if event.get("type") == "message_stop":
                         return
-            except TRANSPORT_ERRORS as exc:
-                raise ProviderError(
-                    f"deployment {self.name} failed mid-stream", retryable=not started
-                ) from exc
-            except ValueError as exc:
-                raise ProviderError(
-                    f"deployment {self.name} sent an unreadable event", retryable=not started
-                ) from exc
-        raise ProviderError(f"deployment {self.name} ended the stream early", retryable=not started)
-
-    async def is_available(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        """Nothing of its own: the aiohttp session is the router's."""
+        raise guard.ended_early()

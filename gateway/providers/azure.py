@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator
 from gateway.canonical import ChatRequest, Chunk, Response
 from gateway.providers.base import ProviderError
 from gateway.providers.features import first_unsupported
-from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, sse_events
+from gateway.providers.hosted import (
+    HostedProvider,
+    Sessions,
+    StreamGuard,
+    json_headers,
+    sse_events,
+    with_traceparent,
+)
 from gateway.translate.openai_out import chat_body, chunk_of, response_of
 
 DEFAULT_API_VERSION = "2024-10-21"
@@ -43,7 +50,7 @@ SUPPORTED = frozenset(
 )
 
 
-class AzureProvider:
+class AzureProvider(HostedProvider):
     def __init__(
         self,
         *,
@@ -56,9 +63,7 @@ class AzureProvider:
         api_version: str = DEFAULT_API_VERSION,
         read_timeout_s: float = 600.0,
     ) -> None:
-        self.name = name
-        self.model = model
-        self._http = HostedClient(name, sessions, read_timeout_s)
+        super().__init__(name, model, sessions, read_timeout_s)
         endpoint = endpoint.rstrip("/")
         if deployment:
             self._url = (
@@ -69,59 +74,31 @@ class AzureProvider:
         else:
             self._url = f"{endpoint}/openai/v1/chat/completions"
             self._body_model = model
-        self._headers = {"content-type": "application/json"}
-        if api_key:
-            self._headers["api-key"] = api_key
+        self._headers = json_headers("api-key", api_key)
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
         if request.passthrough is not None:
             return None  # OpenAI's own body: Azure takes OpenAI's fields
         return first_unsupported(request, SUPPORTED, "Azure OpenAI")
 
-    def _headers_for(self, request: ChatRequest) -> dict[str, str]:
-        if request.traceparent:
-            return {**self._headers, "traceparent": request.traceparent}
-        return self._headers
-
     async def complete(self, request: ChatRequest) -> Response:
         body = json.dumps(chat_body(request, self._body_model, stream=False)).encode()
-        raw, _ = await self._http.post(request, self._url, self._headers_for(request), body)
-        try:
-            return response_of(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProviderError(
-                f"deployment {self.name} sent an unreadable answer", retryable=True
-            ) from exc
+        headers = with_traceparent(self._headers, request.traceparent)
+        return await self._answer(request, self._url, headers, body, response_of)
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         """Azure's chunks as they came (``raw`` kept, so an OpenAI client gets them as is)."""
         body = json.dumps(chat_body(request, self._body_model, stream=True)).encode()
-        started = False
+        guard = StreamGuard(self.name, "chunk")
         finished = False
-        async with self._http.stream(self._url, self._headers_for(request), body) as resp:
-            try:
+        headers = with_traceparent(self._headers, request.traceparent)
+        async with self._http.stream(self._url, headers, body) as resp:
+            with guard.reading():
                 async for _, data in sse_events(resp):
                     if data.strip() == "[DONE]":
                         break
-                    chunk = chunk_of(json.loads(data))
-                    started = started or chunk.has_output()
+                    chunk = guard.saw(chunk_of(json.loads(data)))
                     finished = finished or chunk.finish_reason() is not None
                     yield chunk
-            except TRANSPORT_ERRORS as exc:
-                raise ProviderError(
-                    f"deployment {self.name} failed mid-stream", retryable=not started
-                ) from exc
-            except ValueError as exc:
-                raise ProviderError(
-                    f"deployment {self.name} sent an unreadable chunk", retryable=not started
-                ) from exc
         if not finished:
-            raise ProviderError(
-                f"deployment {self.name} ended the stream early", retryable=not started
-            )
-
-    async def is_available(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        """Nothing of its own: the aiohttp session is the router's."""
+            raise guard.ended_early()

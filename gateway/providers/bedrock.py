@@ -38,7 +38,7 @@ from gateway.canonical import (
 )
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
-from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, status_error
+from gateway.providers.hosted import HostedProvider, Sessions, StreamGuard
 from gateway.translate.turns import split_turns, tool_input, usage_with_cache
 
 SUPPORTED = frozenset({"top_k", "image"})
@@ -195,7 +195,7 @@ class _StreamReader:
         return None
 
 
-class BedrockProvider:
+class BedrockProvider(HostedProvider):
     def __init__(
         self,
         *,
@@ -207,9 +207,7 @@ class BedrockProvider:
         read_timeout_s: float = 600.0,
         credentials: Credentials | None = None,
     ) -> None:
-        self.name = name
-        self.model = model
-        self._http = HostedClient(name, sessions, read_timeout_s)
+        super().__init__(name, model, sessions, read_timeout_s)
         session = Session()
         self._region = region or session.get_config_variable("region") or "us-east-1"
         base = base_url or f"https://bedrock-runtime.{self._region}.amazonaws.com"
@@ -242,58 +240,35 @@ class BedrockProvider:
         url = f"{self._base}/converse"
         body = json.dumps(converse_body(request)).encode()
         headers = self._signed_headers(url, body, "application/json")
-        raw, _ = await self._http.post(request, url, headers, body)
-        try:
-            return response_of(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProviderError(
-                f"deployment {self.name} sent an unreadable answer", retryable=True
-            ) from exc
+        return await self._answer(request, url, headers, body, response_of)
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         url = f"{self._base}/converse-stream"
         body = json.dumps(converse_body(request)).encode()
         headers = self._signed_headers(url, body, "application/vnd.amazon.eventstream")
         reader = _StreamReader()
-        started = False
+        # ParserError: a frame whose checksum or lengths are wrong (not a ValueError).
+        guard = StreamGuard(self.name, decode_errors=(EventStreamError, ParserError, ValueError))
         buffer = EventStreamBuffer()
         async with self._http.stream(url, headers, body) as resp:
-            try:
+            with guard.reading():
                 async for data in resp.aiter_bytes():
                     buffer.add_data(data)
                     for message in buffer:
-                        chunk = self._read(reader, message.headers, message.payload, started)
+                        chunk = _read(reader, message.headers, message.payload, guard)
                         if chunk is not None:
-                            started = started or chunk.has_output()
-                            yield chunk
+                            yield guard.saw(chunk)
                             if chunk.finish_reason() is not None:
                                 return
-            except TRANSPORT_ERRORS as exc:
-                raise ProviderError(
-                    f"deployment {self.name} failed mid-stream", retryable=not started
-                ) from exc
-            # ParserError: a frame whose checksum or lengths are wrong (not a ValueError).
-            except (EventStreamError, ParserError, ValueError) as exc:
-                raise ProviderError(
-                    f"deployment {self.name} sent an unreadable event", retryable=not started
-                ) from exc
-        raise ProviderError(f"deployment {self.name} ended the stream early", retryable=not started)
+        raise guard.ended_early()
 
-    def _read(
-        self, reader: _StreamReader, headers: dict[str, Any], payload: bytes, started: bool
-    ) -> Chunk | None:
-        event = json.loads(payload) if payload else {}
-        if headers.get(":message-type") == "exception":
-            kind = str(headers.get(":exception-type", ""))
-            failure = status_error(
-                self.name, _EXCEPTION_STATUS.get(kind, 500), str(event.get("message", kind))
-            )
-            failure.retryable = failure.retryable and not started
-            raise failure
-        return reader.read(str(headers.get(":event-type", "")), event)
 
-    async def is_available(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        """Nothing of its own: the aiohttp session is the router's."""
+def _read(
+    reader: _StreamReader, headers: dict[str, Any], payload: bytes, guard: StreamGuard
+) -> Chunk | None:
+    event = json.loads(payload) if payload else {}
+    if headers.get(":message-type") == "exception":
+        kind = str(headers.get(":exception-type", ""))
+        status = _EXCEPTION_STATUS.get(kind, 500)
+        raise guard.upstream_error(status, str(event.get("message", kind)))
+    return reader.read(str(headers.get(":event-type", "")), event)

@@ -30,7 +30,13 @@ from gateway.canonical import (
 )
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
-from gateway.providers.hosted import TRANSPORT_ERRORS, HostedClient, Sessions, sse_events
+from gateway.providers.hosted import (
+    HostedProvider,
+    Sessions,
+    StreamGuard,
+    json_headers,
+    sse_events,
+)
 from gateway.translate.turns import split_turns, tool_input
 
 DEFAULT_BASE_URL = "https://generativelanguage.googleapis.com"
@@ -201,7 +207,7 @@ def _candidate_deltas(body: dict[str, Any], calls: _Calls) -> list[ChoiceDelta]:
     return deltas
 
 
-class GeminiProvider:
+class GeminiProvider(HostedProvider):
     def __init__(
         self,
         *,
@@ -212,29 +218,23 @@ class GeminiProvider:
         base_url: str = DEFAULT_BASE_URL,
         read_timeout_s: float = 600.0,
     ) -> None:
-        self.name = name
-        self.model = model
-        self._http = HostedClient(name, sessions, read_timeout_s)
+        super().__init__(name, model, sessions, read_timeout_s)
         self._base = f"{base_url.rstrip('/')}/v1beta/models/{model}"
-        self._headers = {"content-type": "application/json"}
-        if api_key:
-            self._headers["x-goog-api-key"] = api_key
+        self._headers = json_headers("x-goog-api-key", api_key)
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
         return first_unsupported(request, SUPPORTED, "Gemini models")
 
     async def complete(self, request: ChatRequest) -> Response:
         body = json.dumps(generate_body(request)).encode()
-        raw, _ = await self._http.post(
-            request, f"{self._base}:generateContent", self._headers, body
+        calls = _Calls(request.request_id or "gemini")
+        answer, deltas = await self._answer(
+            request,
+            f"{self._base}:generateContent",
+            self._headers,
+            body,
+            lambda answer: (answer, _candidate_deltas(answer, calls)),
         )
-        try:
-            answer = json.loads(raw)
-            deltas = _candidate_deltas(answer, _Calls(request.request_id or "gemini"))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProviderError(
-                f"deployment {self.name} sent an unreadable answer", retryable=True
-            ) from exc
         if not deltas:
             raise ProviderError(f"deployment {self.name} answered no candidates", retryable=True)
         choices = []
@@ -251,16 +251,17 @@ class GeminiProvider:
         url = f"{self._base}:streamGenerateContent?alt=sse"
         calls = _Calls(request.request_id or "gemini")
         usage: Usage | None = None
-        started = False
+        guard = StreamGuard(self.name)
         finished: list[ChoiceDelta] = []
         async with self._http.stream(url, self._headers, body) as resp:
-            try:
+            with guard.reading():
                 async for _, data in sse_events(resp):
                     event = json.loads(data)
                     if "error" in event:
                         message = (event["error"] or {}).get("message", "")
                         raise ProviderError(
-                            f"deployment {self.name} failed: {message}", retryable=not started
+                            f"deployment {self.name} failed: {message}",
+                            retryable=not guard.started,
                         )
                     usage = usage_of(event.get("usageMetadata")) or usage
                     deltas = _candidate_deltas(event, calls)
@@ -273,24 +274,7 @@ class GeminiProvider:
                             d.finish_reason = None
                     output = [d for d in deltas if d.has_output()]
                     if output:
-                        started = True
-                        yield Chunk(output, num_tokens=1)
-            except TRANSPORT_ERRORS as exc:
-                raise ProviderError(
-                    f"deployment {self.name} failed mid-stream", retryable=not started
-                ) from exc
-            except ValueError as exc:
-                raise ProviderError(
-                    f"deployment {self.name} sent an unreadable event", retryable=not started
-                ) from exc
+                        yield guard.saw(Chunk(output, num_tokens=1))
         if not finished:
-            raise ProviderError(
-                f"deployment {self.name} ended the stream early", retryable=not started
-            )
+            raise guard.ended_early()
         yield Chunk(finished, usage=usage)
-
-    async def is_available(self) -> bool:
-        return True
-
-    async def close(self) -> None:
-        """Nothing of its own: the aiohttp session is the router's."""

@@ -1,12 +1,14 @@
 """HTTP plumbing shared by the hosted-API providers (Anthropic, Gemini, Azure OpenAI, Bedrock).
 
 One aiohttp session (``Sessions``, the router's) carries plain and TLS, streamed and whole
-calls. Failures map
-onto ``ProviderError`` the same way for every hosted API: connect errors, timeouts, 5xx, 529
-and 429 are ``retryable`` (a ``retry-after`` is kept so the router can honour it); 401/403/404
-mean this deployment is misconfigured, so they are retryable too and the upstream's words go
-to the operator's log, not to the client; any other 4xx is the client's request at fault and
-its message is passed on. Messages name the deployment, never its URL or key.
+calls; ``HostedProvider`` is what the adapters share (name, model, whole answers read alike).
+Failures map onto ``ProviderError`` the same way for every hosted API: connect errors,
+timeouts, 5xx, 529 and 429 are ``retryable`` (a ``retry-after`` is kept so the router can honour
+it); 401/403/404 mean this deployment is misconfigured, so they are retryable too and the
+upstream's words go to the operator's log, not to the client; any other 4xx is the client's
+request at fault and its message is passed on. A stream that breaks, sends an unreadable event
+or ends early is retryable until output reached the client (``StreamGuard``). Messages name the
+deployment, never its URL or key. The headers helpers serve the OpenAI-compatible provider too.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from email.utils import parsedate_to_datetime
+from typing import Any, TypeVar
 
 import aiohttp
 
-from gateway.canonical import ChatRequest
+from gateway.canonical import ChatRequest, Chunk
 from gateway.errors import redact
 from gateway.providers.base import ProviderError
 
@@ -28,6 +31,29 @@ logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 _CONTEXT_HINTS = ("context length", "context window", "too long", "prompt is too long")
+T = TypeVar("T")
+
+
+def json_headers(
+    key_header: str,
+    api_key: str | None,
+    *,
+    prefix: str = "",
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A JSON call's headers, with the deployment's key (after ``prefix``, e.g. ``Bearer ``) in
+    ``key_header``; no key header when the deployment has no key."""
+    headers = {"content-type": "application/json", **(extra or {})}
+    if api_key:
+        headers[key_header] = prefix + api_key
+    return headers
+
+
+def with_traceparent(headers: dict[str, str], traceparent: str | None) -> dict[str, str]:
+    """``headers`` plus the request's W3C ``traceparent``, for upstreams that join the trace."""
+    if traceparent:
+        return {**headers, "traceparent": traceparent}
+    return headers
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
@@ -114,6 +140,52 @@ class StreamedResponse:
             yield data
 
 
+class StreamGuard:
+    """One streamed call's failures, mapped alike for every hosted API: each is retryable
+    until output reached the client (after that another deployment must not start over)."""
+
+    def __init__(
+        self,
+        deployment: str,
+        unreadable: str = "event",
+        decode_errors: tuple[type[Exception], ...] = (ValueError,),
+    ) -> None:
+        self.deployment = deployment
+        self.started = False
+        self._unreadable = unreadable
+        self._decode_errors = decode_errors
+
+    def saw(self, chunk: Chunk) -> Chunk:
+        self.started = self.started or chunk.has_output()
+        return chunk
+
+    def upstream_error(self, status: int, message: str) -> ProviderError:
+        """An error the upstream reported inside the stream, as if it had answered ``status``."""
+        failure = status_error(self.deployment, status, message)
+        failure.retryable = failure.retryable and not self.started
+        return failure
+
+    def ended_early(self) -> ProviderError:
+        return ProviderError(
+            f"deployment {self.deployment} ended the stream early", retryable=not self.started
+        )
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Around the reading of the body: a broken connection or an undecodable event."""
+        try:
+            yield
+        except TRANSPORT_ERRORS as exc:
+            raise ProviderError(
+                f"deployment {self.deployment} failed mid-stream", retryable=not self.started
+            ) from exc
+        except self._decode_errors as exc:
+            raise ProviderError(
+                f"deployment {self.deployment} sent an unreadable {self._unreadable}",
+                retryable=not self.started,
+            ) from exc
+
+
 class HostedClient:
     """One deployment's calls over the shared aiohttp session: plain and TLS, whole and
     streamed (bench/upstream_clients.py: ~5x less CPU per call than httpx)."""
@@ -173,6 +245,39 @@ class HostedClient:
             yield StreamedResponse(response)
         finally:
             response.release()
+
+
+class HostedProvider:
+    """What every hosted deployment shares: its name and model, its calls over the router's
+    aiohttp session, whole answers read the same way."""
+
+    def __init__(self, name: str, model: str, sessions: Sessions, read_timeout_s: float) -> None:
+        self.name = name
+        self.model = model
+        self._http = HostedClient(name, sessions, read_timeout_s)
+
+    async def _answer(
+        self,
+        request: ChatRequest,
+        url: str,
+        headers: dict[str, str],
+        body: bytes,
+        read: Callable[[Any], T],
+    ) -> T:
+        """``read`` of the JSON of a whole 2xx answer; retryable when it cannot be read."""
+        raw, _ = await self._http.post(request, url, headers, body)
+        try:
+            return read(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ProviderError(
+                f"deployment {self.name} sent an unreadable answer", retryable=True
+            ) from exc
+
+    async def is_available(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        """Nothing of its own: the aiohttp session is the router's."""
 
 
 def error_message(raw: bytes) -> str:

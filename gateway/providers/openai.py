@@ -25,6 +25,7 @@ import msgspec
 
 from gateway.canonical import ChatRequest, Chunk, Response, Usage
 from gateway.providers.base import ProviderError
+from gateway.providers.hosted import json_headers, with_traceparent
 from gateway.providers.http1 import Http1Pool, UpstreamConnectionError
 from gateway.providers.openai_wire import Reply, choice_delta, reply_decoder, request_body, response
 
@@ -97,9 +98,7 @@ class OpenAIProvider:
         self.model = model
         self._client = client
         self._base_url = base_url.rstrip("/")
-        self._headers = {"content-type": "application/json"}
-        if api_key:
-            self._headers["authorization"] = f"Bearer {api_key}"
+        self._headers = json_headers("authorization", api_key, prefix="Bearer ")
         url = urlsplit(self._base_url)
         self._read_timeout_s = read_timeout_s
         self._fast: Http1Pool | None = None
@@ -112,15 +111,10 @@ class OpenAIProvider:
             )
         self._path = url.path
 
-    def _headers_for(self, traceparent: str | None) -> dict[str, str]:
-        if traceparent:
-            return {**self._headers, "traceparent": traceparent}
-        return self._headers
-
     async def _post(
         self, path: str, body: bytes, traceparent: str | None, deadline: float
     ) -> tuple[int, bytes]:
-        headers = self._headers_for(traceparent)
+        headers = with_traceparent(self._headers, traceparent)
         try:
             if self._fast is not None:
                 return await self._fast.post(self._path + path, body, headers)
@@ -180,7 +174,7 @@ class OpenAIProvider:
                 "POST",
                 self._base_url + _path(request),
                 content=body,
-                headers=self._headers_for(request.traceparent),
+                headers=with_traceparent(self._headers, request.traceparent),
             ) as reply:
                 if reply.status_code >= 400:
                     raw = await reply.aread()

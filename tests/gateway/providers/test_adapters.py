@@ -213,3 +213,18 @@ async def test_an_unreadable_whole_answer_is_retryable(
     with pytest.raises(ProviderError) as caught:
         await make_provider(kind, "garble-1").complete(chat(text_message("user", "hi")))
     assert caught.value.retryable and "sent an unreadable answer" in str(caught.value)
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "gemini", "azure", "azure-v1"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_only_azure_passes_the_traceparent_on(
+    make_provider: ProviderFactory, fakes: dict[str, Any], kind: str, stream: bool
+) -> None:
+    """The fakes refuse a call without their key header; Azure, like OpenAI, joins the trace."""
+    trace = f"00-{'1' * 32}-{'2' * 16}-01"
+    provider = make_provider(kind, "plain")
+    request = chat(text_message("user", "hi"), traceparent=trace)
+    await (streamed(provider, request) if stream else provider.complete(request))
+    sent = fakes[kind.split("-")[0]][0].headers[-1]
+    assert sent["content-type"] == "application/json"
+    assert sent.get("traceparent") == (trace if kind.startswith("azure") else None)
