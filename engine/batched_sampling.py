@@ -1,12 +1,19 @@
-"""The sampler's maths over whole batches, each request's parameters as a column tensor.
+"""The sampler's maths over whole batches, each request's parameters as a column.
 
-- ``counter_exponential``: Exp(1) noise that is a pure function of (seed, output position,
-  token id) — a SplitMix64 hash in int64 tensor arithmetic — so seeded rows need no
+- ``argmax_rows`` / ``sort_descending``: on the CPU through numpy's vectorised kernels
+  (torch's CPU argmax is ~12x and its sort ~30x slower on [32, 32000] float32 rows); on a
+  GPU, torch's own.
+- ``sample_from_probs``: one exact draw per row by inverting its CDF at one uniform (a
+  cumulative sum and a binary search), instead of racing a full row of exponential noise:
+  on the CPU, drawing 32 x 32000 exponentials cost ~15 ms a step.
+- ``counter_uniform``: that uniform for seeded rows as a pure function of (seed, output
+  position) — a SplitMix64 hash in int64 tensor arithmetic — so seeded rows need no
   generator object, and a request's draw never depends on its batch mates or on how often
   it was preempted or resumed.
-- ``filter_logits``: top-k by a per-row threshold from one ``topk`` (no full sort); min-p
-  against each row's largest probability; top-p by a sort of only the rows that ask for it,
-  and only of their top-k survivors when they also set top-k.
+- ``filter_logits``: top-k by a per-row threshold from one ``topk`` over the rows that ask
+  (no full sort); min-p against each row's largest probability; top-p by a threshold read
+  off the sorted probabilities of only the rows that ask (values only: no permutation to
+  scatter back).
 - ``PenaltyCounts``: per-row output-token counts and a seen-token mask on the device,
   filled when a request joins and bumped by one scatter per step, so presence, frequency
   and repetition penalties never re-count a request's history.
@@ -21,7 +28,7 @@ _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _MIX2 = -7723592293110705685  # 0x94D049BB133111EB
 _POSITION_MIX = 0x632BE59BD9B4E019
-_LOW_30, _LOW_27, _LOW_31, _LOW_24 = (1 << 34) - 1, (1 << 37) - 1, (1 << 33) - 1, (1 << 24) - 1
+_LOW_30, _LOW_27, _LOW_31, _LOW_53 = (1 << 34) - 1, (1 << 37) - 1, (1 << 33) - 1, (1 << 53) - 1
 
 
 def _shift_right(x: torch.Tensor, bits: int, keep_mask: int) -> torch.Tensor:
@@ -29,40 +36,63 @@ def _shift_right(x: torch.Tensor, bits: int, keep_mask: int) -> torch.Tensor:
     return (x >> bits) & keep_mask
 
 
-def counter_exponential(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[rows, vocab] float32 Exp(1) draws; row i depends only on (seeds[i], positions[i])."""
-    device = seeds.device
-    base = seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POSITION_MIX
-    z = base[:, None] + (torch.arange(1, vocab + 1, device=device, dtype=torch.int64) * _GOLDEN)
+def counter_uniform(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """[rows] float64 uniforms in [0, 1); entry i depends only on (seeds[i], positions[i])."""
+    z = seeds.to(torch.int64) * _GOLDEN + positions.to(torch.int64) * _POSITION_MIX + _GOLDEN
     z = (z ^ _shift_right(z, 30, _LOW_30)) * _MIX1
     z = (z ^ _shift_right(z, 27, _LOW_27)) * _MIX2
     z = z ^ _shift_right(z, 31, _LOW_31)
-    # The top 24 bits as a uniform in (0, 1): exact in float32, never 0 or 1.
-    uniform = (_shift_right(z, 40, _LOW_24).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(uniform)
+    # The top 53 bits: every value exact in float64.
+    return _shift_right(z, 11, _LOW_53).to(torch.float64) * (1.0 / (1 << 53))
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """Each row's first largest index (int64), as ``torch.argmax(x, -1)``."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(x.numpy().argmax(axis=1))
+    return x.argmax(dim=-1)
+
+
+def sort_descending(x: torch.Tensor) -> torch.Tensor:
+    """Each row's values, largest first (no permutation)."""
+    if x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.from_numpy(np.ascontiguousarray(np.sort(x.numpy(), axis=1)[:, ::-1]))
+    return x.sort(dim=-1, descending=True).values
+
+
+def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Row i's token drawn from ``probs[i]`` (unnormalised is fine) at ``uniforms[i]`` in
+    [0, 1): the first token whose cumulative mass exceeds ``u`` x the row's total. A token of
+    zero mass spans an empty interval, so it is never drawn."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = (uniforms.to(cdf.dtype)[:, None] * total).minimum(total.nextafter(total.new_zeros(())))
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
 
 
 def filter_logits(
     logits: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray
 ) -> torch.Tensor:
-    """Mask (to -inf) what each row's top-k, top-p nucleus and min-p floor exclude.
+    """Mask (to -inf, in place: callers pass a tensor of their own) what each row's top-k,
+    top-p nucleus and min-p floor exclude.
 
     The settings are host arrays, one entry per row (``top_k`` >= vocab, ``top_p`` 1.0 and
     ``min_p`` 0.0 are off), so every decision about which work to do is taken without
     reading the device. The nucleus and the floor are both judged on the distribution
     after top-k, as vLLM does; a token is kept while the mass strictly above it is below
-    top_p, so the most likely token always stays.
+    top_p, so the most likely token always stays (and tokens tied with the last one kept
+    stay with it).
     """
     device = logits.device
     vocab = logits.shape[1]
-    logits = logits.clone()
-    k_rows = top_k < vocab
-    if k_rows.any():
+    k_rows = np.flatnonzero(top_k < vocab)
+    if len(k_rows):
         k_max = int(top_k[k_rows].max())
-        k_index = torch.from_numpy(np.minimum(top_k, k_max) - 1).to(device)
-        kth = logits.topk(k_max, dim=-1).values.gather(1, k_index[:, None])
-        cut = torch.from_numpy(k_rows).to(device)[:, None] & (logits < kth)
-        logits.masked_fill_(cut, float("-inf"))
+        index = torch.from_numpy(k_rows).to(device)
+        subset = logits.index_select(0, index)
+        k_index = torch.from_numpy(top_k[k_rows] - 1).to(device)
+        kth = subset.topk(k_max, dim=-1).values.gather(1, k_index[:, None])
+        logits[index] = subset.masked_fill_(subset < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     cut = torch.zeros_like(probs, dtype=torch.bool)
     if (min_p > 0).any():
@@ -71,17 +101,14 @@ def filter_logits(
     p_rows = np.flatnonzero(top_p < 1)
     if len(p_rows):
         rows = torch.from_numpy(p_rows).to(device)
-        subset = probs[rows]
-        # Rows that also set top-k have at most k candidates: sort only those.
-        width = int(top_k[p_rows].max()) if k_rows[p_rows].all() else vocab
-        if width < vocab:
-            values, order = subset.topk(width, dim=-1)
-        else:
-            values, order = subset.sort(dim=-1, descending=True)
+        subset = probs.index_select(0, rows)
+        values = sort_descending(subset).to(device)
         threshold = torch.from_numpy(top_p[p_rows].astype(np.float32)).to(device)[:, None]
-        outside = (values.cumsum(dim=-1) - values) >= threshold
-        nucleus_cut = torch.ones_like(subset, dtype=torch.bool).scatter_(1, order, outside)
-        cut[rows] |= nucleus_cut
+        # How many of the sorted values have less than top_p above them (>= 1: the first
+        # has nothing above it); the last of those is the smallest probability kept.
+        keep = ((values.cumsum(dim=-1) - values) < threshold).sum(dim=-1, keepdim=True)
+        smallest = values.gather(1, keep - 1)
+        cut[rows] |= subset < smallest
     return logits.masked_fill_(cut, float("-inf"))
 
 
@@ -114,16 +141,21 @@ class PenaltyCounts:
         self,
         logits: torch.Tensor,
         rows: torch.Tensor,
-        presence: torch.Tensor,
-        frequency: torch.Tensor,
-        repetition: torch.Tensor,
+        presence: torch.Tensor | None,
+        frequency: torch.Tensor | None,
+        repetition: torch.Tensor | None,
     ) -> torch.Tensor:
         """OpenAI presence/frequency penalties on output tokens; the CTRL repetition
-        penalty on every token seen, as vLLM and transformers apply them."""
-        counts = self.counts[rows]
-        logits = logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
-        seen = self.seen[rows]
-        penalised = torch.where(
-            logits > 0, logits / repetition[:, None], logits * repetition[:, None]
-        )
-        return torch.where(seen, penalised, logits)
+        penalty on every token seen, as vLLM and transformers apply them. A penalty given
+        as None is off for every row (each costs full-vocabulary passes)."""
+        if presence is not None or frequency is not None:
+            counts = self.counts[rows]
+            if frequency is not None:
+                logits = logits - frequency[:, None] * counts
+            if presence is not None:
+                logits = logits - presence[:, None] * (counts > 0)
+        if repetition is None:
+            return logits
+        r = repetition[:, None]
+        penalised = torch.where(logits > 0, logits / r, logits * r)
+        return torch.where(self.seen[rows], penalised, logits)

@@ -1,7 +1,8 @@
 """Turns the logits of the sampled positions into next tokens, one batched pass per step.
 
-Seeded rows draw their noise from a counter-based hash of (seed, output position) alone
-(``engine.batched_sampling.counter_exponential``), so a seeded request samples the same
+Each random row draws one uniform and inverts its distribution's CDF at it; seeded rows take
+that uniform from a counter-based hash of (seed, output position) alone
+(``engine.batched_sampling.counter_uniform``), so a seeded request samples the same
 tokens whatever its batch mates are and however often it was preempted, recomputed or
 resumed. Settings live in per-sequence slots of host arrays, penalties in device count
 tensors updated by one scatter per step, and the step's results (tokens and logprobs) come
@@ -18,7 +19,13 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.batched_sampling import PenaltyCounts, counter_exponential, filter_logits
+from engine.batched_sampling import (
+    PenaltyCounts,
+    argmax_rows,
+    counter_uniform,
+    filter_logits,
+    sample_from_probs,
+)
 from engine.readback import to_host
 from engine.sampling import SamplingParams
 
@@ -63,7 +70,7 @@ class _SlotParams:
         ("temperature", np.float32), ("top_k", np.int64), ("top_p", np.float32),
         ("min_p", np.float32), ("seed", np.int64), ("seeded", bool), ("greedy", bool),
         ("presence", np.float32), ("frequency", np.float32), ("repetition", np.float32),
-        ("penalized", bool), ("logprobs", np.int64),
+        ("penalized", bool), ("logprobs", np.int64), ("biased", bool),
     )  # fmt: skip
 
     def __init__(self, vocab: int, capacity: int = 64) -> None:
@@ -77,11 +84,15 @@ class _SlotParams:
     def capacity(self) -> int:
         return len(self.columns["temperature"])
 
-    def slot_for(self, seq: SampledSequence) -> tuple[int, bool]:
-        """The sequence's slot, and whether it was new."""
+    def slot_for(self, seq: SampledSequence, step: SequenceOf[SampledSequence]) -> tuple[int, bool]:
+        """The sequence's slot, and whether it was new (``step``: this step's sequences,
+        whose slots are never reclaimed under them)."""
         entry = self.seqs.get(id(seq))
         if entry is not None and entry[0] is seq:
             return entry[1], False
+        if not self.free:
+            # Reclaimed only when needed, not every step: a pass over every slot.
+            self.release_finished({id(s) for s in step})
         if not self.free:
             self._grow()
         slot = self.free.pop()
@@ -95,6 +106,7 @@ class _SlotParams:
         c["presence"][slot], c["frequency"][slot] = p.presence_penalty, p.frequency_penalty
         c["repetition"][slot], c["penalized"][slot] = p.repetition_penalty, p.has_penalties
         c["logprobs"][slot] = -1 if p.logprobs is None else p.logprobs
+        c["biased"][slot] = bool(p.logit_bias)
         self.bias.pop(slot, None)
         if p.logit_bias:
             self.bias[slot] = (list(p.logit_bias), list(p.logit_bias.values()))
@@ -139,10 +151,9 @@ class Sampler:
         if self._slots is None or self._slots.vocab != vocab:
             self._slots, self._penalties = _SlotParams(vocab), None
         slots_state = self._slots
-        slots_state.release_finished({id(seq) for seq in seqs})
         # The one pass over the step's sequences: everything after it is array maths.
         info = np.array(
-            [(*slots_state.slot_for(seq), len(seq.token_ids) - seq.num_prompt_tokens)
+            [(*slots_state.slot_for(seq, seqs), len(seq.token_ids) - seq.num_prompt_tokens)
              for seq in seqs],
             dtype=np.int64,
         ).reshape(-1, 3)  # fmt: skip
@@ -155,13 +166,16 @@ class Sampler:
             constrain(logits)
         if column["penalized"].any():
             logits = self._penalize(logits, seqs, slots, joined, column)
-        biased = [row for row, slot in enumerate(slots) if int(slot) in slots_state.bias]
-        if biased:
+        biased = np.flatnonzero(column["biased"])
+        if len(biased):
             logits = self._add_bias(logits, biased, slots)
 
-        tokens = logits.argmax(dim=-1)
-        if not column["greedy"].all():
-            tokens = self._sample_random(logits, tokens, column, positions)
+        greedy = column["greedy"]
+        if greedy.all():  # an empty step (no row samples) included
+            tokens = argmax_rows(logits)
+        else:
+            greedy_tokens = argmax_rows(logits) if greedy.any() else None
+            tokens = self._sample_random(logits, greedy_tokens, column, positions)
         if self._penalties is not None and column["penalized"].any():
             rows = np.flatnonzero(column["penalized"])
             self._penalties.add_tokens(
@@ -199,21 +213,24 @@ class Sampler:
                 seq.token_ids[seq.num_prompt_tokens :],
             )
 
-        def col(name: str) -> torch.Tensor:
-            return torch.from_numpy(column[name][rows]).to(logits.device)
+        def col(name: str, off: float) -> torch.Tensor | None:
+            values = column[name][rows]
+            if (values == off).all():
+                return None
+            return torch.from_numpy(values).to(logits.device)
 
         index = torch.from_numpy(rows).to(logits.device)
         logits = logits.clone()
         logits[index] = self._penalties.apply(
             logits[index],
             torch.from_numpy(slots[rows]).to(logits.device),
-            col("presence"),
-            col("frequency"),
-            col("repetition"),
+            col("presence", 0.0),
+            col("frequency", 0.0),
+            col("repetition", 1.0),
         )
         return logits
 
-    def _add_bias(self, logits: torch.Tensor, rows: list[int], slots: np.ndarray) -> torch.Tensor:
+    def _add_bias(self, logits: torch.Tensor, rows: np.ndarray, slots: np.ndarray) -> torch.Tensor:
         state = self._slots
         assert state is not None
         row_index: list[int] = []
@@ -234,33 +251,36 @@ class Sampler:
     def _sample_random(
         self,
         logits: torch.Tensor,
-        greedy_tokens: torch.Tensor,
+        greedy_tokens: torch.Tensor | None,
         column: dict[str, np.ndarray],
         positions: np.ndarray,
     ) -> torch.Tensor:
+        """Greedy rows keep their argmax; the others (only they) are tempered, filtered and
+        drawn from."""
         device = logits.device
-        logits = logits / torch.from_numpy(column["temperature"]).to(device)[:, None]
+        random_rows = np.flatnonzero(~column["greedy"])
+        index = torch.from_numpy(random_rows).to(device)
+        subset = logits if greedy_tokens is None else logits.index_select(0, index)
+        col = {name: values[random_rows] for name, values in column.items()}
+        subset = subset / torch.from_numpy(col["temperature"]).to(device)[:, None]
         vocab = logits.shape[1]
-        if (
-            (column["top_k"] < vocab).any()
-            or (column["top_p"] < 1).any()
-            or (column["min_p"] > 0).any()
-        ):
-            logits = filter_logits(logits, column["top_k"], column["top_p"], column["min_p"])
-        probs = torch.softmax(logits, dim=-1)
-        # argmax(p / E) with E ~ Exp(1) is an exact draw from p (the exponential race).
-        # Seeded rows take E from (seed, output position) alone, unseeded ones from the
-        # engine's generator.
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
-        seeded = np.flatnonzero(column["seeded"])
+        if (col["top_k"] < vocab).any() or (col["top_p"] < 1).any() or (col["min_p"] > 0).any():
+            subset = filter_logits(subset, col["top_k"], col["top_p"], col["min_p"])
+        probs = torch.softmax(subset, dim=-1)
+        # Seeded rows take their uniform from (seed, output position) alone, unseeded ones
+        # from the engine's generator.
+        uniforms = torch.rand(len(random_rows), generator=self.generator, device=device,
+                              dtype=torch.float64)  # fmt: skip
+        seeded = np.flatnonzero(col["seeded"])
         if len(seeded):
-            noise[torch.from_numpy(seeded).to(device)] = counter_exponential(
-                torch.from_numpy(column["seed"][seeded]).to(device),
-                torch.from_numpy(positions[seeded]).to(device),
-                vocab,
+            uniforms[torch.from_numpy(seeded).to(device)] = counter_uniform(
+                torch.from_numpy(col["seed"][seeded]).to(device),
+                torch.from_numpy(positions[random_rows][seeded]).to(device),
             )
-        sampled = (probs / noise).argmax(dim=-1)
-        return torch.where(torch.from_numpy(column["greedy"]).to(device), greedy_tokens, sampled)
+        sampled = sample_from_probs(probs, uniforms)
+        if greedy_tokens is None:
+            return sampled
+        return greedy_tokens.index_copy(0, index, sampled)
 
 
 def _with_logprobs(
