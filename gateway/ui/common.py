@@ -77,7 +77,9 @@ def text(form: Mapping[str, Any], name: str) -> str:
     return str(form.get(name) or "").strip()
 
 
-def optional_int(form: Mapping[str, Any], name: str, *, minimum: int = 0) -> int | None:
+def optional_int(
+    form: Mapping[str, Any], name: str, *, minimum: int = 0, maximum: int | None = None
+) -> int | None:
     raw = text(form, name)
     if not raw:
         return None
@@ -87,17 +89,25 @@ def optional_int(form: Mapping[str, Any], name: str, *, minimum: int = 0) -> int
         raise FormError(name, f"{name.replace('_', ' ')} must be a whole number") from None
     if value < minimum:
         raise FormError(name, f"{name.replace('_', ' ')} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise FormError(name, f"{name.replace('_', ' ')} must be at most {maximum}")
     return value
 
 
-def optional_micros(form: Mapping[str, Any], name: str) -> int | None:
+def optional_micros(
+    form: Mapping[str, Any], name: str, *, maximum: float | None = None
+) -> int | None:
+    """An amount in micro-units; ``maximum`` is in whole units."""
     raw = text(form, name)
     if not raw:
         return None
     try:
-        return to_micros(raw)
+        micros = to_micros(raw)
     except ValueError:
         raise FormError(name, f"{name.replace('_', ' ')} must be an amount like 12.50") from None
+    if maximum is not None and micros > to_micros(maximum):
+        raise FormError(name, f"{name.replace('_', ' ')} must be at most {maximum:,.0f}")
+    return micros
 
 
 def optional_choice(form: Mapping[str, Any], name: str, choices: tuple[str, ...]) -> str | None:

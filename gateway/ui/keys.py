@@ -14,6 +14,7 @@ from litestar.response import Redirect, Template
 
 from gateway.api.admin import service
 from gateway.api.admin.reports import budget_view
+from gateway.api.admin.schemas import GRACE_MAX_S
 from gateway.auth import ApiKeyRecord, publish_invalidation
 from gateway.db import keys as key_queries
 from gateway.db import teams as team_queries
@@ -182,7 +183,7 @@ class KeysPages(Controller):
         form = await request.form()
         check_csrf(session.csrf, form)
         try:
-            grace = optional_int(form, "grace_seconds") or 0
+            grace = optional_int(form, "grace_seconds", maximum=GRACE_MAX_S) or 0
         except FormError as exc:
             return await self._edit_page(request, key_id, error=exc, form=form)
         async with sessions(request)() as db, db.begin():

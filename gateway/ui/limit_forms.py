@@ -1,5 +1,5 @@
-"""The limits-and-budgets form that keys and teams share: reading it, filling it from a row,
-and showing it again (with the error) when a save is refused."""
+"""The limits-and-budgets form that keys and teams share: reading it (within the admin API's
+bounds), filling it from a row, and showing it again (with the error) when a save is refused."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from litestar import Request
 from litestar.response import Template
 
+from gateway.api.admin.schemas import AMOUNT_MAX, LIMIT_MAX, TOKEN_COUNT_MAX
 from gateway.db.models import BUDGET_PERIODS
 from gateway.ui.common import (
     FormError,
@@ -29,11 +30,13 @@ def limit_fields_from_form(form: Mapping[str, Any], noun: str) -> dict[str, Any]
     return {
         "name": name,
         "allowed_models": models_list(form),
-        "rpm_limit": optional_int(form, "rpm_limit", minimum=1),
-        "tpm_limit": optional_int(form, "tpm_limit", minimum=1),
-        "max_parallel_requests": optional_int(form, "max_parallel_requests", minimum=1),
-        "token_budget": optional_int(form, "token_budget"),
-        "max_budget_micros": optional_micros(form, "max_budget"),
+        "rpm_limit": optional_int(form, "rpm_limit", minimum=1, maximum=LIMIT_MAX),
+        "tpm_limit": optional_int(form, "tpm_limit", minimum=1, maximum=LIMIT_MAX),
+        "max_parallel_requests": optional_int(
+            form, "max_parallel_requests", minimum=1, maximum=LIMIT_MAX
+        ),
+        "token_budget": optional_int(form, "token_budget", maximum=TOKEN_COUNT_MAX),
+        "max_budget_micros": optional_micros(form, "max_budget", maximum=AMOUNT_MAX),
         "budget_period": optional_choice(form, "budget_period", BUDGET_PERIODS),
     }
 

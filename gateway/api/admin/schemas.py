@@ -12,13 +12,20 @@ from msgspec import UNSET, Meta, UnsetType
 from gateway.db.models import ApiKey, AuditEntry, ModelPrice, Team
 from gateway.pricing import from_micros, to_micros
 
-Name = Annotated[str, Meta(min_length=1, max_length=200)]
-PositiveInt = Annotated[int, Meta(ge=1, le=2**31 - 1)]
+# The bounds, also checked by the web UI's forms.
+LIMIT_MAX = 2**31 - 1
 """Limits (per minute, in parallel): PostgreSQL INTEGER columns."""
-TokenCount = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+TOKEN_COUNT_MAX = 2**63 - 1
 """Token budgets: BIGINT columns."""
-Amount = Annotated[float, Meta(ge=0, le=1e12)]
+AMOUNT_MAX = 1e12
 """Money (prices per million tokens, budgets): in micro-units it must fit PostgreSQL's BIGINT."""
+GRACE_MAX_S = 30 * 86400
+"""How long a rotated key's old secret may keep working."""
+
+Name = Annotated[str, Meta(min_length=1, max_length=200)]
+PositiveInt = Annotated[int, Meta(ge=1, le=LIMIT_MAX)]
+TokenCount = Annotated[int, Meta(ge=0, le=TOKEN_COUNT_MAX)]
+Amount = Annotated[float, Meta(ge=0, le=AMOUNT_MAX)]
 AwareDatetime = Annotated[dt.datetime, Meta(tz=True)]
 BudgetPeriod = Literal["day", "month"]
 Role = Literal["member", "team_admin"]
@@ -114,7 +121,7 @@ class KeyUpdate(LimitChanges):
 
 
 class RotateRequest(msgspec.Struct, forbid_unknown_fields=True):
-    grace_seconds: Annotated[int, Meta(ge=0, le=30 * 86400)] = 0
+    grace_seconds: Annotated[int, Meta(ge=0, le=GRACE_MAX_S)] = 0
     """How long the replaced secret keeps working (0: it stops at once)."""
 
 

@@ -118,3 +118,30 @@ async def test_key_and_team_forms_refuse_and_save_alike(admin_client: Client) ->
 
     created = await admin_client.post("/ui/teams", data={"csrf_token": token, "name": ""})
     assert created.status_code == 400 and "a team needs a name" in created.text
+
+
+async def test_forms_keep_the_admin_apis_bounds(admin_client: Client) -> None:
+    """What the database cannot hold is the form's 400, as in the admin API, not a 500."""
+    key = await _key(admin_client)
+    master = admin_client.headers["authorization"].split()[-1]
+    assert (await _sign_in(admin_client, master)).status_code == 303
+    token = TOKEN.search((await admin_client.get("/ui/keys")).text).group(1)  # type: ignore[union-attr]
+    too_big = {
+        "rpm_limit": (str(2**31), "rpm limit must be at most 2147483647"),
+        "token_budget": (str(2**63), "token budget must be at most 9223372036854775807"),
+        "max_budget": ("1e13", "max budget must be at most 1,000,000,000,000"),
+    }
+    for page in ("/ui/teams", "/ui/keys", f"/ui/keys/{key['id']}"):
+        for field, (value, message) in too_big.items():
+            form = {"csrf_token": token, "name": "n", field: value}
+            refused = await admin_client.post(page, data=form)
+            assert refused.status_code == 400 and message in refused.text, (page, field)
+    rotate = f"/ui/keys/{key['id']}/rotate"
+    grace = await admin_client.post(rotate, data={"csrf_token": token, "grace_seconds": "1e9"})
+    assert grace.status_code == 400 and "whole number" in grace.text
+    grace = await admin_client.post(rotate, data={"csrf_token": token, "grace_seconds": "9" * 12})
+    assert grace.status_code == 400 and "grace seconds must be at most 2592000" in grace.text
+    teams = (await admin_client.get("/admin/teams")).json()["data"]
+    assert (
+        teams == [] and (await admin_client.get(f"/admin/keys/{key['id']}")).json()["name"] == "k"
+    )
