@@ -79,6 +79,9 @@ class Message(msgspec.Struct, omit_defaults=True):
     parts: list[Part] = msgspec.field(default_factory=list)
     name: str | None = None
     reasoning: str | None = None
+    reasoning_signature: str | None = None
+    """The backend's own signature of ``reasoning`` (Anthropic signs its thinking blocks and
+    wants them back, signed, in later turns)."""
 
     def text(self) -> str:
         """The text parts joined (the tool results' text for a ``tool`` turn)."""
@@ -271,6 +274,8 @@ class ChoiceDelta(msgspec.Struct, omit_defaults=True):
     finish_reason: FinishReason | None = None
     stop_sequence: str | None = None
     """The client's stop sequence that ended the choice, when the backend says which."""
+    reasoning_signature: str = ""
+    """The backend's signature of the choice's reasoning so far, sent once it ended."""
 
     def has_output(self) -> bool:
         return bool(self.text or self.reasoning or self.refusal or self.tool_calls)
@@ -347,6 +352,7 @@ class ResponseBuilder:
         self._logprobs: dict[int, list[TokenLogprob]] = {}
         self._finish: dict[int, FinishReason] = {}
         self._stop_sequence: dict[int, str] = {}
+        self._signature: dict[int, str] = {}
         self.usage: Usage | None = None
         self.num_tokens = 0
 
@@ -374,6 +380,8 @@ class ResponseBuilder:
                 self._finish[i] = delta.finish_reason
             if delta.stop_sequence is not None:
                 self._stop_sequence[i] = delta.stop_sequence
+            if delta.reasoning_signature:
+                self._signature[i] = delta.reasoning_signature
 
     def build(self, raw: dict[str, Any] | None = None) -> Response:
         choices = []
@@ -388,7 +396,12 @@ class ResponseBuilder:
             choices.append(
                 Choice(
                     index=i,
-                    message=Message("assistant", parts, reasoning=reasoning),
+                    message=Message(
+                        "assistant",
+                        parts,
+                        reasoning=reasoning,
+                        reasoning_signature=self._signature.get(i),
+                    ),
                     finish_reason=self._finish.get(i, "stop"),
                     refusal=refusal,
                     logprobs=self._logprobs.get(i),

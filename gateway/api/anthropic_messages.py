@@ -68,7 +68,7 @@ class MessagesController(Controller):
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, _ = decode_body(await request.body(), MessagesRequest)
         signer = _signer(request)
-        signer.check(data.messages)
+        signer.unwrap(data.messages)
         body = canonical(data)
         call = await admit(request, body, operation="chat", id_prefix="msg_")
         renderer = MessagesRenderer(signer)
@@ -81,7 +81,7 @@ class MessagesController(Controller):
         that would serve it counts it, with nothing generated; keys and request limits apply
         as to a message."""
         data, _ = decode_body(await request.body(), CountTokensRequest)
-        _signer(request).check(data.messages)
+        _signer(request).unwrap(data.messages)
         body = canonical(data)
         # Admission reserves the prompt and the output cap; there is no output to reserve.
         body.sampling.max_tokens = 1

@@ -201,6 +201,7 @@ def _messages(body: _Prompt) -> list[Message]:
         results: list[Part] = []
         parts: list[Part] = []
         reasoning: list[str] = []
+        signatures: list[str | None] = []
         for block in param.content:
             if isinstance(block, TextBlock):
                 parts.append(TextPart(block.text))
@@ -213,12 +214,18 @@ def _messages(body: _Prompt) -> list[Message]:
                 results.append(block.result())
             elif isinstance(block, ThinkingBlock):
                 reasoning.append(block.thinking)
+                signatures.append(block.signature)
             # A redacted_thinking block is encrypted for Anthropic's own models: there is no
             # text in it for any other backend to read.
         if results:
             out.append(Message("tool", results))
         if parts or reasoning or not results:
-            out.append(Message(param.role, parts, reasoning="".join(reasoning) or None))
+            # The issuer's signature of a single thinking block, for the backend that issued it
+            # (the controller has checked the gateway's own and left the issuer's in place).
+            signature = signatures[0] if len(signatures) == 1 else None
+            message = Message(param.role, parts, reasoning="".join(reasoning) or None)
+            message.reasoning_signature = signature or None
+            out.append(message)
     return out
 
 

@@ -75,7 +75,18 @@ def _block(part: Part) -> dict[str, Any]:
 
 
 def _blocks(message: Message) -> list[dict[str, Any]]:
-    return [_block(p) for p in message.parts if not (isinstance(p, TextPart) and not p.text)]
+    blocks = [_block(p) for p in message.parts if not (isinstance(p, TextPart) and not p.text)]
+    if message.role == "assistant" and message.reasoning and message.reasoning_signature:
+        # Anthropic wants an assistant turn's signed thinking back (it refuses a tool loop
+        # with thinking on without it); thinking it did not sign (another model's) it cannot
+        # take, and is left out.
+        thinking = {
+            "type": "thinking",
+            "thinking": message.reasoning,
+            "signature": message.reasoning_signature,
+        }
+        blocks.insert(0, thinking)
+    return blocks
 
 
 def messages_body(request: ChatRequest, model: str) -> dict[str, Any]:
@@ -153,6 +164,7 @@ def usage_of(raw: dict[str, Any] | None) -> Usage | None:
 def response_of(body: dict[str, Any]) -> Response:
     parts: list[Part] = []
     reasoning: list[str] = []
+    signatures: list[str] = []
     for block in body.get("content") or ():
         kind = block.get("type")
         if kind == "text":
@@ -162,8 +174,15 @@ def response_of(body: dict[str, Any]) -> Response:
             parts.append(ToolCall(block["id"], block["name"], arguments))
         elif kind == "thinking":
             reasoning.append(block.get("thinking", ""))
+            signatures.append(block.get("signature") or "")
     stop_reason = body.get("stop_reason") or "end_turn"
-    message = Message("assistant", parts, reasoning="".join(reasoning) if reasoning else None)
+    message = Message(
+        "assistant",
+        parts,
+        reasoning="".join(reasoning) if reasoning else None,
+        # A signature covers its own block's text: one block's holds for the joined text.
+        reasoning_signature=signatures[0] if len(signatures) == 1 and signatures[0] else None,
+    )
     choice = Choice(
         0,
         message,
@@ -205,6 +224,8 @@ class StreamReader:
                 return Chunk([ChoiceDelta(text=delta.get("text", ""))], num_tokens=1)
             if dtype == "thinking_delta":
                 return Chunk([ChoiceDelta(reasoning=delta.get("thinking", ""))], num_tokens=1)
+            if dtype == "signature_delta" and delta.get("signature"):
+                return Chunk([ChoiceDelta(reasoning_signature=delta["signature"])])
             if dtype == "input_json_delta":
                 piece = ToolCallDelta(
                     self._calls.get(event.get("index", 0), 0),

@@ -22,8 +22,9 @@ STOP_REASONS = {
 
 _encode = msgspec.json.Encoder().encode
 
-Sign = Callable[[str], str]
-"""A thinking text's signature (gateway/api/anthropic_thinking.py)."""
+Sign = Callable[[str, str], str]
+"""The signature of a thinking text, given the backend's own signature of it ("" if none):
+gateway/api/anthropic_thinking.py."""
 
 
 def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> str:
@@ -64,7 +65,8 @@ def message_body(
     if choice is not None:
         thinking = choice.message.reasoning
         if thinking:
-            content.append({"type": "thinking", "thinking": thinking, "signature": sign(thinking)})
+            signature = sign(thinking, choice.message.reasoning_signature or "")
+            content.append({"type": "thinking", "thinking": thinking, "signature": signature})
         for part in choice.message.parts:
             if isinstance(part, TextPart) and part.text:
                 content.append({"type": "text", "text": part.text})
@@ -106,6 +108,7 @@ class StreamWriter:
         self._index = -1
         self._open: str | None = None
         self._thinking: list[str] = []
+        self._upstream_signature = ""
         self.stop_sequence: str | None = None
 
     def start(self, message_id: str, model: str, prompt_tokens: int) -> bytes:
@@ -128,8 +131,9 @@ class StreamWriter:
             return b""
         out = b""
         if self._open == "thinking":
-            signature = self._sign("".join(self._thinking))
+            signature = self._sign("".join(self._thinking), self._upstream_signature)
             self._thinking.clear()
+            self._upstream_signature = ""
             out = self._delta({"type": "signature_delta", "signature": signature})
         self._open = None
         stop = {"type": "content_block_stop", "index": self._index}
@@ -149,6 +153,8 @@ class StreamWriter:
     def chunk(self, chunk: Chunk) -> bytes:
         out = b""
         for choice in chunk.choices[:1]:
+            if choice.reasoning_signature:
+                self._upstream_signature = choice.reasoning_signature
             if choice.reasoning:
                 if self._open != "thinking":
                     out += self._block(

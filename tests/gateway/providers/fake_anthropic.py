@@ -8,7 +8,9 @@ overloaded_error, ``bad`` 400 invalid_request_error; ``once-limited`` answers ev
 429 with ``retry-after-ms: 300``; ``short-context`` refuses prompts over 3 words as too long.
 ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}``: the words of the messages
 and the system prompt, plus each tool's name and description words; like Anthropic's, it
-refuses the fields it does not take (``max_tokens``, sampling, ``stream``, ...).
+refuses the fields it does not take (``max_tokens``, sampling, ``stream``, ...). With thinking
+on, an assistant turn that called a tool must start with the thinking block the fake issued,
+signature and all, as Anthropic's must.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from .fake_common import (
 )
 
 API_KEY = "ant-test-key"
+THINKING = "let me think"
+SIGNATURE = "EqQBCkYIBxgCKkD-fake-signature+/="
+"""Shaped like Anthropic's (base64 with '+', '/', '=')."""
 _COUNTED_FIELDS = {
     "model",
     "messages",
@@ -63,6 +68,9 @@ class FakeAnthropic(FakeServer):
             )
         if scope["path"].endswith("/count_tokens"):
             return await _count_tokens(body, send)
+        unsigned = _unsigned_tool_turn(body)
+        if unsigned is not None:
+            return await send_json(send, 400, _error("invalid_request_error", unsigned))
         model = body["model"]
         self.calls[model] += 1
         if model == "once-limited" and self.calls[model] % 2 == 1:
@@ -85,7 +93,7 @@ class FakeAnthropic(FakeServer):
         answer = plan(body["max_tokens"], tools, forced, last_user, body.get("stop_sequences"))
         blocks: list[dict[str, Any]] = []
         if (body.get("thinking") or {}).get("type") in {"enabled", "adaptive"}:
-            blocks.append({"type": "thinking", "thinking": "let me think", "signature": "sig"})
+            blocks.append({"type": "thinking", "thinking": THINKING, "signature": SIGNATURE})
         if answer.tool:
             call = {
                 "type": "tool_use",
@@ -131,6 +139,27 @@ class FakeAnthropic(FakeServer):
         end = {"type": "message_delta", "delta": delta, "usage": {"output_tokens": output_tokens}}
         await send_bytes(send, sse(end, "message_delta"))
         await send_bytes(send, sse({"type": "message_stop"}, "message_stop"), more=False)
+
+
+def _unsigned_tool_turn(body: dict[str, Any]) -> str | None:
+    if (body.get("thinking") or {}).get("type") not in {"enabled", "adaptive"}:
+        return None
+    for i, message in enumerate(body["messages"]):
+        content = message["content"]
+        if message["role"] != "assistant" or isinstance(content, str):
+            continue
+        if not any(block["type"] == "tool_use" for block in content):
+            continue
+        first = content[0]
+        if first.get("type") != "thinking" or (first.get("thinking"), first.get("signature")) != (
+            THINKING,
+            SIGNATURE,
+        ):
+            return (
+                f"messages.{i}.content.0: when thinking is enabled, an assistant message with "
+                "tool use must start with its thinking block, as it was returned"
+            )
+    return None
 
 
 async def _count_tokens(body: dict[str, Any], send: Any) -> None:

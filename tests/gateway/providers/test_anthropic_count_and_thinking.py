@@ -9,6 +9,8 @@ from typing import Any
 import anthropic
 import pytest
 
+from . import fake_anthropic
+
 WEATHER: Any = {
     "name": "get_weather",
     "description": "The weather in a city",
@@ -90,3 +92,38 @@ def test_a_thinking_block_comes_signed_and_goes_back(
         error = caught.value.body["error"]  # type: ignore[index]
         assert error["type"] == "invalid_request_error"
         assert "messages[1].content[0].signature" in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_anthropics_signed_thinking_goes_back_to_it_in_a_tool_loop(
+    claude: anthropic.Anthropic, stream: bool
+) -> None:
+    ask: Any = [{"role": "user", "content": "what is the weather in Paris"}]
+    kwargs: dict[str, Any] = {
+        "model": "anthropic-plain",
+        "max_tokens": 2048,
+        "thinking": THINK,
+        "tools": [WEATHER],
+        "messages": ask,
+    }
+    if stream:
+        with claude.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = claude.messages.create(**kwargs)
+    thinking, use = message.content
+    assert thinking.type == "thinking" and use.type == "tool_use"
+    # Anthropic's own signature rides inside ours, to go back to it with the block.
+    assert thinking.signature.startswith("sg1.")
+    assert thinking.signature.endswith("." + fake_anthropic.SIGNATURE)
+    turns: Any = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+        },
+    ]
+    # The fake, as Anthropic, refuses this turn unless its signed thinking block leads it.
+    follow = claude.messages.create(**{**kwargs, "messages": turns})
+    assert follow.stop_reason == "end_turn"
