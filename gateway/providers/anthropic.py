@@ -81,16 +81,10 @@ class AnthropicProvider(HostedProvider):
     async def count_tokens(self, request: ChatRequest) -> int:
         """Anthropic's own count of the prompt (``/v1/messages/count_tokens``)."""
         body = messages_body(request, self.model)
-        counted = {k: v for k, v in body.items() if k in _COUNTED_FIELDS}
-        raw, _ = await self._http.post(
-            request, self._count_url, self._headers, json.dumps(counted).encode()
+        counted = json.dumps({k: v for k, v in body.items() if k in _COUNTED_FIELDS}).encode()
+        return await self._answer(
+            request, self._count_url, self._headers, counted, lambda b: int(b["input_tokens"])
         )
-        try:
-            return int(json.loads(raw)["input_tokens"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ProviderError(
-                f"deployment {self.name} sent an unreadable token count", retryable=True
-            ) from exc
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         reader = StreamReader()
