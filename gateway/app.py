@@ -38,7 +38,7 @@ from gateway.body import check_body
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import DatabaseSpend
 from gateway.errors import EXCEPTION_HANDLERS
-from gateway.leases import LeaseBook
+from gateway.lease_book import LeaseBook
 from gateway.limits import RateLimiter
 from gateway.pricing import PriceBook, prices_from_config
 from gateway.routing import Router

@@ -40,7 +40,6 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
-from gateway.leases import lease_for
 from gateway.limits import Admission
 from gateway.providers.base import ProviderError
 from gateway.routing import Deployment, ModelRoute
@@ -181,13 +180,25 @@ async def admit(
             )
         prompt_estimate = prompt_token_estimate(body)
         try:
+            leases, draft = services.leases, None
+            if leases is not None:
+                # The admission script stores the lease (gateway.leases): no round trip of its own.
+                draft = await leases.draft(
+                    key,
+                    model=body.model,
+                    prompt_estimate=prompt_estimate,
+                    started_at=time.time() - (time.perf_counter() - state["started"]),
+                )
             admission = await services.limiter.admit(
                 key,
                 request_id,
                 prompt_estimate + max_tokens * body.sampling.n,
                 model=route.name,
                 prompt_tokens=prompt_estimate,
+                lease=draft,
             )
+            if leases is not None and draft is not None:
+                await leases.opened(draft, admission)
         except RedisError as exc:
             raise ServiceUnavailable(
                 "Rate limiting is unavailable (Redis unreachable); try again shortly."
@@ -220,16 +231,6 @@ async def admit(
         body.traceparent = current_traceparent()
     body.request_id = request_id
     body.deadline = time.time() + services.settings.request_timeout_s
-    if services.leases is not None:
-        started = state["started"]
-        await services.leases.open(
-            lease_for(
-                admission,
-                model=body.model,
-                prompt_estimate=prompt_estimate,
-                started_at=time.time() - (time.perf_counter() - started),
-            )
-        )
     return Call(
         services=services,
         key=key,

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 from engine.tracing import tracing_enabled
 from gateway.auth import provide_api_key
-from gateway.leases import LeaseBook
+from gateway.lease_book import LeaseBook
 from gateway.limits import RateLimiter
 from gateway.routing import Router
 from gateway.settings import Settings

@@ -1,5 +1,5 @@
 """Settling a call: the real token counts and cost replace the admission's reservation, the
-usage event is appended (one pipelined Redis round trip for both), metrics and the GenAI span
+lease is released and the usage event appended (one pipelined Redis round trip), metrics and the GenAI span
 record the outcome. Runs once per admitted call, whatever its end."""
 
 from __future__ import annotations
@@ -93,8 +93,6 @@ async def _settle_and_record(call: Call, event: UsageEvent, billed_total: int, c
     pipe = services.redis.pipeline(transaction=False)
     pipe.execute_command(*services.limiter.settle_command(call.admission, billed_total, cost))
     services.recorder.record_in(pipe, event)
-    if services.leases is not None:
-        services.leases.drop_in(pipe, call.request_id)
     settled, recorded, *_ = await pipe.execute(raise_on_error=False)
     if isinstance(recorded, Exception):
         logger.error("usage of %s not recorded: %s", call.request_id, recorded)

@@ -11,7 +11,9 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from gateway.auth import ApiKeyRecord, TeamLimits
-from gateway.limits import ADMIT_LUA, SETTLE_LUA, RateLimiter, format_reset
+from gateway.limit_replies import format_reset
+from gateway.limit_scripts import ADMIT_LUA, SETTLE_LUA
+from gateway.limits import RateLimiter
 
 
 @pytest.fixture

@@ -1,0 +1,195 @@
+"""The Lua scripts of admission and settlement (``gateway.limits`` builds their keys and args).
+
+A request costs Redis two round trips: ``ADMIT_LUA`` checks and books every limit of the key
+and its team, marks the reservation held and stores the request's lease (``gateway.leases``);
+``SETTLE_LUA`` (pipelined with the usage event) corrects the reservation, frees the slot and
+releases the lease. Every key either script touches carries the key's hash tag: one Redis
+Cluster slot.
+"""
+
+from __future__ import annotations
+
+WINDOW_S = 60
+"""The sliding window of requests/min and tokens/min (two buckets of this length)."""
+
+ADMIT_LUA = """
+-- ARGV: now, window start, window length, tokens, cost (micros), member, slot ttl, scope count,
+-- then per scope: rpm, tpm, parallel, token budget, money budget, budget ttl (-1 = no limit).
+-- KEYS per scope (7): req cur, req prev, tok cur, tok prev, slots, token budget, money budget;
+-- then, optionally, the reservation's held marker and the key's epoch (see SETTLE_LUA), with
+-- one more ARGV: the epoch to start when the key has none (Redis started empty); then,
+-- optionally, the replica's lease hash (gateway.leases), with one more ARGV: the lease.
+local now = tonumber(ARGV[1])
+local elapsed = now - tonumber(ARGV[2])
+local win = tonumber(ARGV[3])
+local tokens = tonumber(ARGV[4])
+local cost = tonumber(ARGV[5])
+local member = ARGV[6]
+local slot_ttl = tonumber(ARGV[7])
+local scopes = tonumber(ARGV[8])
+local weight = 1 - elapsed / win
+
+local function num(key) return tonumber(redis.call('get', key) or '0') end
+local function arg(s, i) return tonumber(ARGV[8 + 6 * s + i]) end
+local function key(s, i) return KEYS[7 * s + i] end
+
+-- seconds until prev*weight(t) + cur + amount <= limit; -1 when it never will
+local function wait_for(cur, prev, amount, limit)
+  if amount > limit then return -1 end
+  if cur + amount <= limit then
+    if prev <= 0 then return 0 end
+    local t = win * (1 - (limit - cur - amount) / prev)
+    return math.max(0, t - elapsed)
+  end
+  local s = win * (1 - (limit - amount) / cur)
+  return (win - elapsed) + s
+end
+
+-- seconds until both buckets have drained
+local function drain(cur, prev)
+  if cur > 0 then return (win - elapsed) + win end
+  if prev > 0 then return win - elapsed end
+  return 0
+end
+
+-- A budget counter that is missing (new period, Redis restart, eviction) is seeded by the
+-- caller from the database first: answer which, and book nothing.
+local missing = {}
+for s = 0, scopes - 1 do
+  if arg(s, 4) >= 0 and redis.call('exists', key(s, 6)) == 0 then table.insert(missing, 7 * s + 6) end
+  if arg(s, 5) >= 0 and redis.call('exists', key(s, 7)) == 0 then table.insert(missing, 7 * s + 7) end
+end
+if #missing > 0 then return {5, -1, 0, missing} end
+
+local code, failed, retry = 0, -1, 0
+local state = {}
+for s = 0, scopes - 1 do
+  local rpm, tpm, parallel = arg(s, 1), arg(s, 2), arg(s, 3)
+  local st = {req_cur = 0, req_prev = 0, tok_cur = 0, tok_prev = 0}
+  if rpm >= 0 then st.req_cur = num(key(s, 1)); st.req_prev = num(key(s, 2)) end
+  if tpm >= 0 then st.tok_cur = num(key(s, 3)); st.tok_prev = num(key(s, 4)) end
+  st.req_used = st.req_prev * weight + st.req_cur
+  st.tok_used = st.tok_prev * weight + st.tok_cur
+  state[s] = st
+  if code == 0 then
+    if arg(s, 4) >= 0 and num(key(s, 6)) + tokens > arg(s, 4) then
+      code = 4
+    elseif arg(s, 5) >= 0 and num(key(s, 7)) + cost > arg(s, 5) then
+      code = 6
+    elseif rpm >= 0 and st.req_used + 1 > rpm then
+      code, retry = 1, wait_for(st.req_cur, st.req_prev, 1, rpm)
+    elseif tpm >= 0 and st.tok_used + tokens > tpm then
+      code, retry = 2, wait_for(st.tok_cur, st.tok_prev, tokens, tpm)
+    elseif parallel >= 0 then
+      redis.call('zremrangebyscore', key(s, 5), '-inf', now)
+      if redis.call('zcard', key(s, 5)) >= parallel then code, retry = 3, 1 end
+    end
+    if code ~= 0 then failed = s end
+  end
+end
+
+local out = {code, failed, math.floor(retry * 1000), {}}
+for s = 0, scopes - 1 do
+  local st = state[s]
+  local rpm, tpm = arg(s, 1), arg(s, 2)
+  if code == 0 then
+    if rpm >= 0 then
+      st.req_cur = redis.call('incr', key(s, 1)); redis.call('expire', key(s, 1), 2 * win)
+      st.req_used = st.req_used + 1
+    end
+    if tpm >= 0 then
+      st.tok_cur = redis.call('incrby', key(s, 3), tokens); redis.call('expire', key(s, 3), 2 * win)
+      st.tok_used = st.tok_used + tokens
+    end
+    if arg(s, 3) >= 0 then
+      redis.call('zadd', key(s, 5), now + slot_ttl, member)
+      redis.call('expire', key(s, 5), math.ceil(slot_ttl))
+    end
+    if arg(s, 4) >= 0 then
+      redis.call('incrby', key(s, 6), tokens); redis.call('expire', key(s, 6), arg(s, 6))
+    end
+    if arg(s, 5) >= 0 then
+      redis.call('incrby', key(s, 7), cost); redis.call('expire', key(s, 7), arg(s, 6))
+    end
+  end
+  table.insert(out, math.floor(math.max(0, rpm - st.req_used)))
+  table.insert(out, math.floor(drain(st.req_cur, st.req_prev) * 1000))
+  table.insert(out, math.floor(math.max(0, tpm - st.tok_used)))
+  table.insert(out, math.floor(drain(st.tok_cur, st.tok_prev) * 1000))
+end
+local epoch = ''
+local extra_keys, extra_args = 7 * scopes, 8 + 6 * scopes
+if code == 0 and #KEYS > extra_keys then
+  redis.call('set', KEYS[extra_keys + 1], '1', 'EX', math.ceil(slot_ttl))
+  epoch = redis.call('get', KEYS[extra_keys + 2])
+  if not epoch then
+    epoch = ARGV[extra_args + 1]
+    redis.call('set', KEYS[extra_keys + 2], epoch)
+  end
+  if #KEYS > extra_keys + 2 then
+    -- From here on, a replica that dies is settled by another (gateway.leases).
+    redis.call('hset', KEYS[extra_keys + 3], member, ARGV[extra_args + 2])
+  end
+end
+table.insert(out, epoch)
+return out
+"""
+
+SEED_LUA = """
+-- KEYS: budget counters; ARGV: ttl, then one value per key. NX: a concurrent seed or a
+-- booking that got there first is kept.
+for i, name in ipairs(KEYS) do
+  redis.call('set', name, ARGV[i + 1], 'NX', 'EX', tonumber(ARGV[1]))
+end
+return #KEYS
+"""
+
+SETTLED_MARKER_TTL_S = 3600
+"""How long a reservation settled after Redis lost it stays marked settled (see SETTLE_LUA);
+it only has to outlast the serving replica's next lease renewal."""
+
+SETTLE_LUA = f"""
+-- ARGV: token delta, cost delta, member[, admission epoch, reserved tokens, reserved cost].
+-- KEYS per scope (4): tok cur, token budget, money budget, slots; then, optionally, the held
+-- marker, the key's epoch and the lease hash (at most three keys: the scope count is what
+-- the division leaves). A counter gone meanwhile is re-seeded from the database later.
+-- Returns 1 when this settle released the lease (or there is none), else 0.
+local tokens, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
+local scopes = math.floor(#KEYS / 4)
+local extra = 4 * scopes
+local released = 1
+if #KEYS > extra + 2 then released = redis.call('hdel', KEYS[extra + 3], ARGV[3]) end
+if #KEYS > extra then
+  local held = redis.call('get', KEYS[extra + 1])
+  if held == '1' then
+    redis.call('del', KEYS[extra + 1])
+  elseif not held and #KEYS > extra + 1 and (ARGV[4] or '') ~= ''
+      and redis.call('get', KEYS[extra + 2]) ~= ARGV[4] then
+    -- Redis lost the reservation (it restarted empty): the counters were re-seeded from the
+    -- database without this request, so they take its whole real amount. Marked settled, so
+    -- that a second settle (a lease put back by a renewal) does not count it again.
+    tokens, cost = tokens + tonumber(ARGV[5]), cost + tonumber(ARGV[6])
+    redis.call('set', KEYS[extra + 1], '0', 'EX', {SETTLED_MARKER_TTL_S})
+  else
+    -- Settled already (by the serving replica or a lease reaper), or a lease written before
+    -- its admission returned the epoch: only free the slots.
+    tokens, cost = 0, 0
+  end
+end
+for s = 0, scopes - 1 do
+  local base = 4 * s
+  if tokens ~= 0 then
+    if redis.call('exists', KEYS[base + 1]) == 1 then redis.call('incrby', KEYS[base + 1], tokens) end
+    if redis.call('exists', KEYS[base + 2]) == 1 then redis.call('incrby', KEYS[base + 2], tokens) end
+  end
+  if cost ~= 0 and redis.call('exists', KEYS[base + 3]) == 1 then
+    redis.call('incrby', KEYS[base + 3], cost)
+  end
+  redis.call('zrem', KEYS[base + 4], ARGV[3])
+end
+return released
+"""
+"""Settles once: the held marker written at admission goes with the first settle, so when the
+serving replica and a lease reaper (``gateway.leases``) both settle a request, the counters
+are corrected once. A marker missing because Redis restarted empty (the key's epoch changed)
+is told apart from one already settled, so such a request's tokens still reach the budget."""

@@ -1,0 +1,182 @@
+"""Leases on the real Redis: stored by the admission script, released by the settle script,
+renewed without bringing back a settled request, and settled by another replica's reaper."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+from redis.asyncio import Redis
+
+from gateway.auth import ApiKeyRecord
+from gateway.lease_book import LeaseBook
+from gateway.leases import lease_hashes_key
+from gateway.limits import Admission, RateLimiter
+from gateway.settings import Settings
+from gateway.usage import UsageEvent, UsageRecorder
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+class Replicas:
+    """Gateway replicas' lease books on one Redis and one usage stream, and what they wrote."""
+
+    def __init__(self, redis: Redis, redis_url: str) -> None:
+        self.redis = redis
+        self.stream = f"sg:usage:test:{uuid.uuid4().hex[:10]}"
+        self.settings = Settings(redis_url=redis_url, usage_stream=self.stream, lease_s=3.0)
+        self.limiter = RateLimiter(redis, slot_ttl_s=60)
+        self.recorder = UsageRecorder(redis, self.settings)
+        self.key = ApiKeyRecord(
+            id=str(uuid.uuid4()),
+            name="k",
+            allowed_models=[],
+            rpm_limit=None,
+            tpm_limit=None,
+            max_parallel_requests=2,
+            token_budget=10_000,
+            budget_period=None,
+            expires_at=None,
+            revoked=False,
+            metadata={},
+        )
+        self.books: list[LeaseBook] = []
+
+    def book(self) -> LeaseBook:
+        settings = Settings(
+            redis_url=self.settings.redis_url,
+            usage_stream=self.stream,
+            lease_s=3.0,
+            instance_id=uuid.uuid4().hex[:8],
+        )
+        book = LeaseBook(self.redis, settings, self.limiter, self.recorder)
+        self.books.append(book)
+        return book
+
+    async def admit(self, book: LeaseBook, tokens: int = 50) -> Admission:
+        draft = await book.draft(self.key, model="m", prompt_estimate=5, started_at=time.time())
+        request_id = uuid.uuid4().hex
+        admission = await self.limiter.admit(
+            self.key, request_id, tokens, prompt_tokens=5, lease=draft
+        )
+        await book.opened(draft, admission)
+        return admission
+
+    async def budget_used(self) -> int:
+        return (await self.limiter.counters("key", self.key, None))[0]
+
+    async def stored(self, admission: Admission) -> bool:
+        return bool(await self.redis.hexists(admission.settle_keys[-1], admission.request_id))
+
+    async def usage(self) -> list[UsageEvent]:
+        entries = await self.redis.xrange(self.stream)
+        return [msgspec.json.decode(fields[b"e"], type=UsageEvent) for _, fields in entries]
+
+    async def die(self, book: LeaseBook) -> None:
+        """The replica stops renewing: its entry lapses (as ``lease_s`` after a SIGKILL)."""
+        await self.redis.zadd(f"{self.stream}:replicas", {book.instance_id: time.time() - 1})
+
+    async def close(self) -> None:
+        names = [name async for name in self.redis.scan_iter(f"sg:rl:{{{self.key.id}}}*")]
+        names += [lease_hashes_key(book.instance_id) for book in self.books]
+        await self.redis.delete(*names, self.stream, f"{self.stream}:replicas")
+
+
+@pytest.fixture
+async def replicas(redis: Redis, redis_url: str) -> AsyncIterator[Replicas]:
+    group = Replicas(redis, redis_url)
+    yield group
+    await group.close()
+
+
+async def test_admission_stores_the_lease_and_the_first_settle_releases_it(
+    replicas: Replicas,
+) -> None:
+    book = replicas.book()
+    admission = await replicas.admit(book)
+    assert await replicas.stored(admission)
+    hashes = await replicas.redis.smembers(lease_hashes_key(book.instance_id))
+    assert hashes == {admission.settle_keys[-1].encode()}
+    assert await replicas.redis.zscore(f"{replicas.stream}:replicas", book.instance_id)
+    assert await replicas.budget_used() == 50
+
+    assert await replicas.limiter.settle(admission, 20) is True
+    assert not await replicas.stored(admission)
+    assert await replicas.budget_used() == 20
+    # A second settle (a reaper that read the lease just before) changes nothing.
+    assert await replicas.limiter.settle(admission, 20) is False
+    assert await replicas.budget_used() == 20
+
+
+async def test_a_dead_replicas_requests_are_settled_once_by_another(replicas: Replicas) -> None:
+    victim, survivor = replicas.book(), replicas.book()
+    streamed = await replicas.admit(victim)
+    silent = await replicas.admit(victim)
+    victim.progress(
+        streamed.request_id, prompt_tokens=9, delivered_tokens=7, first_token=True, deployment="d"
+    )
+    await victim.renew()
+    await replicas.die(victim)
+
+    assert await survivor.reap() == 2
+    events = {event.request_id: event for event in await replicas.usage()}
+    assert (
+        events[streamed.request_id].prompt_tokens,
+        events[streamed.request_id].completion_tokens,
+    ) == (9, 7)
+    assert events[streamed.request_id].status == "error"
+    # Nothing reached the client of the other one: it is billed nothing.
+    assert (
+        events[silent.request_id].prompt_tokens + events[silent.request_id].completion_tokens == 0
+    )
+    assert await replicas.budget_used() == 16
+    assert await replicas.redis.zcard(streamed.settle_keys[3]) == 0  # concurrency slots freed
+    # The dead replica is forgotten with its leases; reaping again finds nothing.
+    assert not await replicas.redis.exists(streamed.settle_keys[-1])
+    assert not await replicas.redis.exists(lease_hashes_key(victim.instance_id))
+    assert await replicas.redis.zscore(f"{replicas.stream}:replicas", victim.instance_id) is None
+    assert await replicas.book().reap() == 0
+    assert len(await replicas.usage()) == 2
+
+
+async def test_renewals_never_bring_back_a_settled_lease(replicas: Replicas) -> None:
+    book = replicas.book()
+    admission = await replicas.admit(book)
+    # Settled between the renewal's snapshot of the leases and its write.
+    assert await replicas.limiter.settle(admission, 10)
+    await book.renew()
+    assert not await replicas.stored(admission)
+    await replicas.die(book)
+    assert await replicas.book().reap() == 0
+    assert await replicas.budget_used() == 10
+
+
+async def test_a_lease_redis_lost_is_put_back_and_settled_in_full_once(
+    replicas: Replicas,
+) -> None:
+    book = replicas.book()
+    admission = await replicas.admit(book)
+    book.progress(
+        admission.request_id, prompt_tokens=5, delivered_tokens=3, first_token=True, deployment="d"
+    )
+    # Redis restarts empty; the budget counter is re-seeded from the database (100 earlier).
+    names = [name async for name in replicas.redis.scan_iter(f"sg:rl:{{{replicas.key.id}}}*")]
+    await replicas.redis.delete(*names)
+    await replicas.redis.set(admission.settle_keys[1], 100)
+    await book.renew()
+    assert await replicas.stored(admission)
+
+    await replicas.die(book)
+    assert await replicas.book().reap() == 1
+    assert await replicas.budget_used() == 100 + 8
+    # The replica was only paused: its own settle afterwards counts nothing twice.
+    assert await replicas.limiter.settle(admission, 8) is False
+    assert await replicas.budget_used() == 100 + 8
