@@ -49,6 +49,53 @@ async def _existing_team(session: AsyncSession, team_id: uuid.UUID) -> Team:
     return team
 
 
+async def _audit_key(
+    session: AsyncSession,
+    actor: Actor,
+    action: str,
+    key: ApiKey,
+    request_id: str | None,
+    before: dict[str, Any] | None = None,
+    **also: Any,
+) -> None:
+    """The audit row of a change to ``key``: its fields after (with ``also``), and before."""
+    await audit.record(
+        session,
+        actor,
+        action,
+        target_type="key",
+        target_id=str(key.id),
+        team_id=key.team_id,
+        before=before,
+        after={**key_fields(key), **also},
+        request_id=request_id,
+    )
+
+
+async def _audit_team(
+    session: AsyncSession,
+    actor: Actor,
+    action: str,
+    team: Team,
+    request_id: str | None,
+    before: dict[str, Any] | None = None,
+    *,
+    deleted: bool = False,
+) -> None:
+    """The audit row of a change to ``team``: its fields after (none once deleted), and before."""
+    await audit.record(
+        session,
+        actor,
+        action,
+        target_type="team",
+        target_id=str(team.id),
+        team_id=team.id,
+        before=before,
+        after=None if deleted else team_fields(team),
+        request_id=request_id,
+    )
+
+
 async def key_for(session: AsyncSession, actor: Actor, key_id: uuid.UUID) -> ApiKey:
     """The key, if this actor may see it (404 when missing, 403 when another team's)."""
     row = await key_queries.get_key(session, key_id)
@@ -81,16 +128,7 @@ async def create_key(
     row = await key_queries.create_key(
         session, key_hash=key_hash, key_prefix=prefix, team_id=team, **fields
     )
-    await audit.record(
-        session,
-        actor,
-        "key.create",
-        target_type="key",
-        target_id=str(row.id),
-        team_id=row.team_id,
-        after=key_fields(row),
-        request_id=request_id,
-    )
+    await _audit_key(session, actor, "key.create", row, request_id)
     return row, plaintext
 
 
@@ -120,17 +158,7 @@ async def update_key(
     before = key_fields(row)
     updated = await key_queries.update_key(session, key_id, changes)
     assert updated is not None
-    await audit.record(
-        session,
-        actor,
-        "key.update",
-        target_type="key",
-        target_id=str(key_id),
-        team_id=updated.team_id,
-        before=before,
-        after=key_fields(updated),
-        request_id=request_id,
-    )
+    await _audit_key(session, actor, "key.update", updated, request_id, before)
     return updated
 
 
@@ -143,17 +171,7 @@ async def revoke_key(
     before = key_fields(row)
     revoked = await key_queries.revoke_key(session, key_id)
     assert revoked is not None
-    await audit.record(
-        session,
-        actor,
-        "key.revoke",
-        target_type="key",
-        target_id=str(key_id),
-        team_id=revoked.team_id,
-        before=before,
-        after=key_fields(revoked),
-        request_id=request_id,
-    )
+    await _audit_key(session, actor, "key.revoke", revoked, request_id, before)
     return revoked
 
 
@@ -177,16 +195,8 @@ async def rotate_key(
         grace=dt.timedelta(seconds=grace_seconds),
     )
     assert rotated is not None
-    await audit.record(
-        session,
-        actor,
-        "key.rotate",
-        target_type="key",
-        target_id=str(key_id),
-        team_id=rotated.team_id,
-        before=before,
-        after={**key_fields(rotated), "grace_seconds": grace_seconds},
-        request_id=request_id,
+    await _audit_key(
+        session, actor, "key.rotate", rotated, request_id, before, grace_seconds=grace_seconds
     )
     return rotated, plaintext
 
@@ -198,16 +208,7 @@ async def create_team(
     if await team_queries.find_by_name(session, fields["name"]) is not None:
         raise Conflict(f"A team named '{fields['name']}' exists already.", param="name")
     team = await team_queries.create_team(session, fields)
-    await audit.record(
-        session,
-        actor,
-        "team.create",
-        target_type="team",
-        target_id=str(team.id),
-        team_id=team.id,
-        after=team_fields(team),
-        request_id=request_id,
-    )
+    await _audit_team(session, actor, "team.create", team, request_id)
     return team
 
 
@@ -227,17 +228,7 @@ async def update_team(
     before = team_fields(team)
     updated = await team_queries.update_team(session, team_id, changes)
     assert updated is not None
-    await audit.record(
-        session,
-        actor,
-        "team.update",
-        target_type="team",
-        target_id=str(team_id),
-        team_id=team_id,
-        before=before,
-        after=team_fields(updated),
-        request_id=request_id,
-    )
+    await _audit_team(session, actor, "team.update", updated, request_id, before)
     return updated, await team_queries.key_ids(session, team_id)
 
 
@@ -259,16 +250,7 @@ async def delete_team(
         await session.flush()
     except IntegrityError:
         raise Conflict("The team still has keys.", param="team_id") from None
-    await audit.record(
-        session,
-        actor,
-        "team.delete",
-        target_type="team",
-        target_id=str(team_id),
-        team_id=team_id,
-        before=before,
-        request_id=request_id,
-    )
+    await _audit_team(session, actor, "team.delete", team, request_id, before, deleted=True)
     return team
 
 

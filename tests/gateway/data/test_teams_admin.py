@@ -285,6 +285,12 @@ async def test_every_mutation_is_in_the_audit_log(admin_client: Client) -> None:
     assert update["request_id"] and update["at"]
     rotate = next(e for e in log if e["action"] == "key.rotate")
     assert rotate["request_id"] == rotation.headers["x-request-id"]
+    assert rotate["after"]["grace_seconds"] == 30 and "grace_seconds" not in rotate["before"]
+    created = next(e for e in log if e["action"] == "key.create" and e["target_id"] == made["id"])
+    assert created["before"] is None and created["after"]["team_id"] == team["id"]
+    deleted = next(e for e in log if e["action"] == "team.delete")
+    assert (deleted["target_id"], deleted["team_id"]) == (spare["id"], spare["id"])
+    assert deleted["before"]["name"] == "spare" and deleted["after"] is None
 
     page = await _ok(await admin_client.get("/admin/audit", params={"limit": 3, "offset": 2}))
     assert [e["id"] for e in page["data"]] == [e["id"] for e in log[2:5]]
