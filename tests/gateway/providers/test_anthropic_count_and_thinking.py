@@ -52,11 +52,14 @@ def test_count_tokens_without_a_count_endpoint_is_the_prompt_of_a_generation(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("model", ["anthropic-plain", "gemini-plain"])
 def test_a_thinking_block_comes_signed_and_goes_back(
-    claude: anthropic.Anthropic, stream: bool
+    claude: anthropic.Anthropic, model: str, stream: bool
 ) -> None:
+    """Anthropic signs its thinking (its signature rides inside ours); Gemini does not, like
+    our engines: the signature is then ours alone."""
     kwargs: dict[str, Any] = {
-        "model": "anthropic-plain",
+        "model": model,
         "max_tokens": 2048,
         "thinking": THINK,
         "messages": SAY,
@@ -69,6 +72,9 @@ def test_a_thinking_block_comes_signed_and_goes_back(
     thinking = message.content[0]
     assert thinking.type == "thinking" and thinking.thinking == "let me think"
     assert thinking.signature.startswith("sg1.") and len(thinking.signature) > 40
+    signed_upstream = thinking.signature.endswith("." + fake_anthropic.SIGNATURE)
+    assert signed_upstream == (model == "anthropic-plain")
+    assert thinking.signature.count(".") == (1 + signed_upstream)
 
     def follow_up(block: dict[str, Any]) -> Any:
         turns: Any = [
@@ -76,9 +82,7 @@ def test_a_thinking_block_comes_signed_and_goes_back(
             {"role": "assistant", "content": [block, message.content[1].model_dump()]},
             {"role": "user", "content": "and more"},
         ]
-        return claude.messages.create(
-            model="anthropic-plain", max_tokens=2, thinking=THINK, messages=turns
-        )
+        return claude.messages.create(model=model, max_tokens=2, thinking=THINK, messages=turns)
 
     block = thinking.model_dump()
     assert follow_up(block).stop_reason == "max_tokens"
