@@ -20,6 +20,7 @@ from litestar.template.config import TemplateConfig
 from gateway.errors import OpenAIError
 from gateway.ui.audit import AuditPages
 from gateway.ui.auth import SignInController
+from gateway.ui.common import FormError
 from gateway.ui.keys import KeysPages
 from gateway.ui.models import ModelsPages
 from gateway.ui.session import CsrfRejected, NotSignedIn
@@ -57,6 +58,11 @@ def _csrf_rejected(_: Request[Any, Any, Any], __: CsrfRejected) -> Template:
     )
 
 
+def _form_error(_: Request[Any, Any, Any], exc: FormError) -> Template:
+    """A bad query or form value that no page showed in place (e.g. a CSV export's filters)."""
+    return _error_page("Could not do that", f"{exc.message[:1].upper()}{exc.message[1:]}.", 400)
+
+
 def _api_error(_: Request[Any, Any, Any], exc: OpenAIError) -> Template:
     titles = {403: "Not allowed", 404: "Not found", 409: "Conflict"}
     return _error_page(
@@ -81,6 +87,7 @@ def ui_router() -> Router:
         exception_handlers={
             NotSignedIn: _not_signed_in,
             CsrfRejected: _csrf_rejected,
+            FormError: _form_error,
             OpenAIError: _api_error,
         },
         include_in_schema=False,

@@ -145,3 +145,16 @@ async def test_forms_keep_the_admin_apis_bounds(admin_client: Client) -> None:
     assert (
         teams == [] and (await admin_client.get(f"/admin/keys/{key['id']}")).json()["name"] == "k"
     )
+
+
+async def test_a_bad_csv_filter_is_a_400_page(admin_client: Client) -> None:
+    master = admin_client.headers["authorization"].split()[-1]
+    assert (await _sign_in(admin_client, master)).status_code == 303
+    for query, message in (
+        ("since=soon", "Since must be a date like 2026-01-31."),
+        ("team_id=zz", "Team id is not a valid id."),
+    ):
+        page = await admin_client.get(f"/ui/usage.csv?{query}")
+        assert page.status_code == 400 and message in page.text
+        assert page.headers["content-type"].startswith("text/html")
+    assert (await admin_client.get("/ui/usage.csv")).status_code == 200
