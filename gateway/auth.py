@@ -24,7 +24,7 @@ import logging
 import re
 import secrets
 import time
-from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.db import keys as key_queries
 from gateway.db.models import ApiKey, Team
 from gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
+from gateway.key_throttle import InvalidKeyThrottle
 from gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ INVALIDATION_CHANNEL = "sg:keys:invalidate"
 STALE_RETRY_S = 1.0
 """How long a cached key is served as-is after its refresh failed, before trying again."""
 UNKNOWN_KEYS_CACHED = 10_000
-THROTTLE_WINDOW_S = 60.0
 KEY_SHAPE = re.compile(r"sk-[A-Za-z0-9_-]{43}")
 """What ``generate_key`` makes; anything else cannot be a key and is refused unasked."""
 INVALIDATE_ALL = "*"
@@ -162,37 +162,6 @@ async def publish_invalidation(redis: Redis, *key_ids: str) -> None:
         await redis.publish(INVALIDATION_CHANNEL, key_id)
 
 
-class InvalidKeyThrottle:
-    """Per client address: how many lookups of unknown keys reached the database this window.
-
-    A fixed window per address, in a bounded LRU map, so a flood of addresses cannot grow it.
-    """
-
-    def __init__(self, limit: int, window_s: float = THROTTLE_WINDOW_S) -> None:
-        self._limit = limit
-        self._window_s = window_s
-        self._misses: OrderedDict[str, tuple[float, int]] = OrderedDict()
-
-    def retry_after(self, address: str) -> float | None:
-        """Seconds until ``address`` may cause another database lookup; None when it may now."""
-        if self._limit <= 0:
-            return None
-        started, count = self._misses.get(address, (0.0, 0))
-        left = started + self._window_s - time.monotonic()
-        if left <= 0 or count < self._limit:
-            return None
-        return left
-
-    def record_miss(self, address: str) -> None:
-        now = time.monotonic()
-        started, count = self._misses.pop(address, (now, 0))
-        if now - started >= self._window_s:
-            started, count = now, 0
-        self._misses[address] = (started, count + 1)
-        if len(self._misses) > UNKNOWN_KEYS_CACHED:
-            self._misses.popitem(last=False)
-
-
 class KeyCache:
     """In-process cache of key hash -> ApiKeyRecord, kept honest over Redis pub/sub."""
 
@@ -249,11 +218,17 @@ class KeyCache:
             if entry is None:
                 self._refuse_unasked(digest, client)
             entry = await self._refresh(digest, entry, client)
-        if entry.record.revoked:
-            raise AuthenticationFailed("This API key has been revoked.")
-        if entry.expires_ts is not None and time.time() >= entry.expires_ts:
-            raise AuthenticationFailed("This API key has expired.")
-        return entry.record
+        return _usable(entry)
+
+    def cached(self, plaintext: str) -> ApiKeyRecord | None:
+        """The record of a key cached and fresh, without awaiting anything (the request
+        path's common case); None when ``lookup`` must ask the database."""
+        if not KEY_SHAPE.fullmatch(plaintext):
+            raise AuthenticationFailed("Incorrect API key provided.")
+        entry = self._entries.get(hash_key(plaintext))
+        if entry is None or time.monotonic() >= entry.fresh_until:
+            return None
+        return _usable(entry)
 
     def invalidate(self, key_id: str) -> None:
         self._epoch += 1
@@ -362,6 +337,14 @@ class KeyCache:
             backoff_s = min(backoff_s * 2, 2.0)
 
 
+def _usable(entry: _Entry) -> ApiKeyRecord:
+    if entry.record.revoked:
+        raise AuthenticationFailed("This API key has been revoked.")
+    if entry.expires_ts is not None and time.time() >= entry.expires_ts:
+        raise AuthenticationFailed("This API key has expired.")
+    return entry.record
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -380,15 +363,33 @@ async def provide_api_key(request: ASGIConnection[Any, Any, Any, Any]) -> ApiKey
 
     Reads the KeyCache from ``app.state.key_cache``.
     """
-    # Anthropic's clients send the key as x-api-key; OpenAI's as a bearer token.
-    token = bearer_token(request.headers.get("authorization")) or request.headers.get("x-api-key")
+    token = _presented_key(request.scope["headers"])
     if not token:
         raise AuthenticationFailed(
             "You didn't provide an API key. Send it as 'Authorization: Bearer sk-...' "
             "(or 'x-api-key: sk-...')."
         )
     cache: KeyCache = request.app.state.key_cache
+    record = cache.cached(token)
+    if record is not None:
+        return record
     return await cache.lookup(token, client_address(request))
+
+
+def _presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The bearer token, else ``x-api-key`` (Anthropic's clients send the key so), read from
+    the ASGI headers as they are (lower-case names): no header map built per request."""
+    authorization = api_key = None
+    for name, value in headers:
+        if name == b"authorization" and authorization is None:
+            authorization = value
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value
+    if authorization is not None:
+        token = bearer_token(authorization.decode("latin-1"))
+        if token:
+            return token
+    return api_key.decode("latin-1") if api_key else None
 
 
 def client_address(request: ASGIConnection[Any, Any, Any, Any]) -> str:

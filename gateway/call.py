@@ -25,9 +25,10 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
 from redis.exceptions import RedisError
 
+from engine.tracing import tracing_enabled
 from gateway.auth import ApiKeyRecord
 from gateway.canonical import ChatRequest, Chunk, Usage
 from gateway.canonical import Response as Answer
@@ -151,10 +152,16 @@ async def admit(
     state = request.scope["state"]
     key: ApiKeyRecord = state["api_key"]
     request_id = state["request_id"]
-    # One span for auth + admission, begun when the guard began authenticating.
+    # One span for auth + admission, begun when the guard began authenticating. Without
+    # tracing no span is made at all (even a no-op one costs a context and a propagation).
+    tracing = tracing_enabled()
     parent = child_context(state.get("server_span"))
-    admission_span = tracer().start_span(
-        "gateway.auth_and_admission", context=parent, start_time=state["auth_started_ns"]
+    admission_span = (
+        tracer().start_span(
+            "gateway.auth_and_admission", context=parent, start_time=state["auth_started_ns"]
+        )
+        if tracing
+        else INVALID_SPAN
     )
     chat = body.messages is not None
     try:
@@ -212,7 +219,11 @@ async def admit(
     finally:
         admission_span.end()
 
-    span = tracer().start_span(f"{operation} {route.name}", context=parent, kind=SpanKind.CLIENT)
+    span = (
+        tracer().start_span(f"{operation} {route.name}", context=parent, kind=SpanKind.CLIENT)
+        if tracing
+        else INVALID_SPAN
+    )
     if span.is_recording():
         temperature = body.sampling.temperature
         span.set_attributes(
@@ -227,8 +238,9 @@ async def admit(
         if services.settings.otel_capture_content:
             content = body.messages if chat else body.prompt
             span.set_attribute("gen_ai.input.messages", encode(content).decode())
-    with trace.use_span(span, end_on_exit=False):
-        body.traceparent = current_traceparent()
+    if tracing:
+        with trace.use_span(span, end_on_exit=False):
+            body.traceparent = current_traceparent()
     body.request_id = request_id
     body.deadline = time.time() + services.settings.request_timeout_s
     return Call(
