@@ -12,6 +12,7 @@ from typing import Any
 from litestar import Controller, Request, Response, post
 
 from gateway.api.openai_reply import OpenAIRenderer, reply
+from gateway.api.openapi_body import body_operation
 from gateway.call import Call
 from gateway.canonical import Chunk, Usage
 from gateway.canonical import Response as Answer
@@ -106,7 +107,12 @@ class ChatCompletionsController(Controller):
     guards = (authenticate,)
     tags = ("openai",)
 
-    @post("/", status_code=200, summary="Create a chat completion")
+    @post(
+        "/",
+        status_code=200,
+        summary="Create a chat completion",
+        operation_class=body_operation(ChatCompletionRequest),
+    )
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, document = decode_body(await request.body(), ChatCompletionRequest)
         data.check()

@@ -8,6 +8,7 @@ from litestar import Controller, Request, Response, post
 
 from gateway import canonical
 from gateway.api.openai_reply import OpenAIRenderer, reply
+from gateway.api.openapi_body import body_operation
 from gateway.call import Call
 from gateway.canonical import Chunk, Usage
 from gateway.canonical import Response as Answer
@@ -106,7 +107,12 @@ class CompletionsController(Controller):
     guards = (authenticate,)
     tags = ("openai",)
 
-    @post("/", status_code=200, summary="Create a text completion")
+    @post(
+        "/",
+        status_code=200,
+        summary="Create a text completion",
+        operation_class=body_operation(CompletionRequest),
+    )
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, document = decode_body(await request.body(), CompletionRequest)
         data.check()

@@ -8,6 +8,7 @@ from typing import Any
 
 from litestar import Controller, Request, Response, post
 
+from gateway.api.openapi_body import body_operation
 from gateway.call import admit
 from gateway.schemas.embeddings import EmbeddingRequest
 from gateway.schemas.wire import decode_body
@@ -19,7 +20,12 @@ class EmbeddingsController(Controller):
     guards = (authenticate,)
     tags = ("openai",)
 
-    @post("/", status_code=200, summary="Create embeddings")
+    @post(
+        "/",
+        status_code=200,
+        summary="Create embeddings",
+        operation_class=body_operation(EmbeddingRequest),
+    )
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, document = decode_body(await request.body(), EmbeddingRequest)
         data.check()

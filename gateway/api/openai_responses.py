@@ -13,6 +13,7 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from gateway.api.openai_reply import reply
+from gateway.api.openapi_body import body_operation
 from gateway.call import Call
 from gateway.canonical import Chunk
 from gateway.canonical import Response as Answer
@@ -92,7 +93,12 @@ class ResponsesController(Controller):
     guards = (authenticate,)
     tags = ("openai",)
 
-    @post("/", status_code=200, summary="Create a model response (stateless)")
+    @post(
+        "/",
+        status_code=200,
+        summary="Create a model response (stateless)",
+        operation_class=body_operation(ResponsesRequest),
+    )
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, _ = decode_body(await request.body(), ResponsesRequest)
         body = canonical(data)
