@@ -1,0 +1,121 @@
+"""An engine model's workers as the gateway sees them, and which stream a request goes to.
+
+Workers announce themselves in the model's registry and keep an expiring heartbeat key each;
+``live_workers`` reads both (cached briefly, one read shared by concurrent callers).
+``pick_stream`` sends a request to the worker that served the same prompt prefix recently,
+when that worker is live, not out of KV room and not much busier than the least busy one;
+otherwise to the model's shared stream, which every worker reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from engine import protocol
+from gateway.providers.engine_call import REDIS_TIMEOUT_S, redis_down, text
+
+_WORKERS_CACHE_S = 0.25
+_AFFINITY_TTL_S = 600
+_AFFINITY_SLACK = 4
+"""How many more queued requests the prefix-holding worker may have than the least busy one."""
+
+
+class EngineWorkers:
+    def __init__(self, redis: Redis, model: str) -> None:
+        self._redis = redis
+        self.model = model
+        self.seen: dict[str, protocol.Heartbeat] = {}
+        """The latest read's live workers (what ``unsupported`` judges a request by)."""
+        self._seen_at = -1.0
+        self._refresh: asyncio.Task[dict[str, protocol.Heartbeat]] | None = None
+        self.outstanding: dict[str, int] = {}
+        """Requests this provider has on each worker that started answering them."""
+
+    async def live_workers(self) -> dict[str, protocol.Heartbeat]:
+        """Heartbeats of this model's live workers (cached briefly; shared by concurrent calls)."""
+        if time.monotonic() - self._seen_at < _WORKERS_CACHE_S:
+            return self.seen
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.create_task(self._read_workers())
+        return await asyncio.shield(self._refresh)
+
+    async def _read_workers(self) -> dict[str, protocol.Heartbeat]:
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            ids = [
+                text(m) for m in await self._redis.smembers(protocol.worker_registry(self.model))
+            ]
+            beats = (
+                await self._redis.mget([protocol.heartbeat_key(self.model, w) for w in ids])
+                if ids
+                else []
+            )
+        workers: dict[str, protocol.Heartbeat] = {}
+        for raw in beats:
+            if raw is None:
+                continue
+            try:
+                beat = protocol.decode(raw)
+            except protocol.MalformedMessage:
+                continue
+            if isinstance(beat, protocol.Heartbeat) and not beat.draining:
+                workers[beat.worker_id] = beat
+        self.seen, self._seen_at = workers, time.monotonic()
+        return workers
+
+    async def queue_ms(self) -> float:
+        """How long a new request would wait for its first step: the shortest queue among the
+        live workers (a heartbeat's queue keeps ageing until the next one)."""
+        try:
+            workers = await self.live_workers()
+        except (RedisError, OSError, TimeoutError):
+            return 0.0
+        now = time.time()
+        return min(
+            (
+                beat.queue_ms + max(0.0, now - beat.time) * 1000 if beat.queue_ms else 0.0
+                for beat in workers.values()
+            ),
+            default=0.0,
+        )
+
+    async def pick_stream(self, hashes: list[int], workers: dict[str, protocol.Heartbeat]) -> str:
+        shared = protocol.request_stream(self.model)
+        if not hashes:
+            return shared
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                owners = await self._redis.mget(
+                    [protocol.affinity_key(self.model, h) for h in hashes]
+                )
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise redis_down(exc) from exc
+        load = {w: beat.num_waiting + self.outstanding.get(w, 0) for w, beat in workers.items()}
+        least = min(load.values())
+        for owner in reversed(owners):
+            if owner is None:
+                continue
+            worker = text(owner)
+            beat = workers.get(worker)
+            if beat is None or beat.kv_usage > 0.95:
+                continue
+            if load[worker] <= least + _AFFINITY_SLACK:
+                return protocol.worker_stream(self.model, worker)
+            break
+        return shared
+
+    def count(self, worker: str, delta: int) -> None:
+        self.outstanding[worker] = self.outstanding.get(worker, 0) + delta
+
+    async def remember_prefix(self, hashes: list[int], worker: str) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for h in hashes:
+            pipe.set(protocol.affinity_key(self.model, h), worker, ex=_AFFINITY_TTL_S)
+        try:
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError):
+            pass
