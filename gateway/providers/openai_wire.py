@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from gateway import canonical
+from gateway.translate.openai_out import openai_messages, openai_tool_choice
 
 
 def request_body(request: canonical.ChatRequest, model: str, stream: bool) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def _written(request: canonical.ChatRequest, model: str, stream: bool) -> dict[s
     s = request.sampling
     body: dict[str, Any] = {"model": model}
     if request.messages is not None:
-        body["messages"] = [_message(m) for m in request.messages]
+        body["messages"] = openai_messages(request.messages)
     else:
         body["prompt"] = request.prompt
     if request.tools is not None:
@@ -39,12 +40,7 @@ def _written(request: canonical.ChatRequest, model: str, stream: bool) -> dict[s
             for t in request.tools
         ]
     if request.tool_choice is not None:
-        choice = request.tool_choice
-        body["tool_choice"] = (
-            {"type": "function", "function": {"name": choice.name}}
-            if choice.mode == "function"
-            else choice.mode
-        )
+        body["tool_choice"] = openai_tool_choice(request.tool_choice)
     if request.output is not None:
         body.update(_output(request.output))
     sampling = {
@@ -106,49 +102,6 @@ def _output(output: canonical.OutputFormat) -> dict[str, Any]:
     field = {"regex": "guided_regex", "choice": "guided_choice", "grammar": "guided_grammar"}
     value = {"regex": output.regex, "choice": output.choices, "grammar": output.grammar}
     return {field[output.kind]: value[output.kind]}
-
-
-def _part(part: canonical.Part) -> dict[str, Any]:
-    if isinstance(part, canonical.TextPart):
-        return {"type": "text", "text": part.text}
-    if isinstance(part, canonical.ImagePart):
-        return {
-            "type": "image_url",
-            "image_url": _without_nones({"url": part.url, "detail": part.detail}),
-        }
-    if isinstance(part, canonical.AudioPart):
-        return {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
-    if isinstance(part, canonical.FilePart):
-        file = {"file_id": part.file_id, "filename": part.filename, "file_data": part.data}
-        return {"type": "file", "file": _without_nones(file)}
-    raise TypeError(f"{type(part).__name__} is not a content part")
-
-
-def _message(message: canonical.Message) -> dict[str, Any]:
-    if message.role == "tool":
-        (result,) = [p for p in message.parts if isinstance(p, canonical.ToolResult)] or [
-            canonical.ToolResult("")
-        ]
-        return {"role": "tool", "tool_call_id": result.tool_call_id, "content": result.text()}
-    content = [
-        p for p in message.parts if not isinstance(p, canonical.ToolCall | canonical.ToolResult)
-    ]
-    out: dict[str, Any] = {"role": message.role}
-    if all(isinstance(p, canonical.TextPart) for p in content):
-        out["content"] = "".join(p.text for p in content if isinstance(p, canonical.TextPart))
-    else:
-        out["content"] = [_part(p) for p in content]
-    calls = message.tool_calls()
-    if calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in calls
-        ]
-        if not out["content"]:
-            out["content"] = None
-    if message.name:
-        out["name"] = message.name
-    return out
 
 
 # ---- replies ---------------------------------------------------------------------------------

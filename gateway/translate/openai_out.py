@@ -1,5 +1,7 @@
 """Canonical requests as OpenAI chat/completions bodies, and OpenAI's answers as canonical ones,
-for backends that speak OpenAI's wire format under another address (Azure OpenAI).
+for backends that speak OpenAI's wire format under another address (Azure OpenAI). The
+messages and tool choice are written the same way for OpenAI-compatible upstreams
+(providers/openai_wire.py).
 
 A request that came in by OpenAI's own API carries the client's body (``passthrough``): that
 goes upstream field for field, ``model`` rewritten and usage asked for in streams. Requests
@@ -24,40 +26,30 @@ from gateway.canonical import (
     TextPart,
     ToolCall,
     ToolCallDelta,
+    ToolChoice,
     ToolResult,
     Usage,
 )
 
 
-def _content(parts: list[Part]) -> str | list[dict[str, Any]]:
-    if all(isinstance(p, TextPart) for p in parts):
-        return "".join(p.text for p in parts if isinstance(p, TextPart))
-    out: list[dict[str, Any]] = []
-    for part in parts:
-        if isinstance(part, TextPart):
-            out.append({"type": "text", "text": part.text})
-        elif isinstance(part, ImagePart):
-            image = {"url": part.url, **({"detail": part.detail} if part.detail else {})}
-            out.append({"type": "image_url", "image_url": image})
-        elif isinstance(part, AudioPart):
-            out.append(
-                {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
-            )
-        elif isinstance(part, FilePart):
-            file = {
-                k: v
-                for k, v in (
-                    ("file_id", part.file_id),
-                    ("filename", part.filename),
-                    ("file_data", part.data),
-                )
-                if v
-            }
-            out.append({"type": "file", "file": file})
-    return out
+def _part(part: Part) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text}
+    if isinstance(part, ImagePart):
+        image = {"url": part.url, **({"detail": part.detail} if part.detail else {})}
+        return {"type": "image_url", "image_url": image}
+    if isinstance(part, AudioPart):
+        return {"type": "input_audio", "input_audio": {"data": part.data, "format": part.format}}
+    if isinstance(part, FilePart):
+        pairs = (("file_id", part.file_id), ("filename", part.filename), ("file_data", part.data))
+        return {"type": "file", "file": {k: v for k, v in pairs if v}}
+    raise TypeError(f"{type(part).__name__} is not a content part")
 
 
-def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Canonical turns as OpenAI chat messages: a tool turn becomes one ``tool`` message per
+    result; text-only content is a string; an assistant turn of only tool calls has no
+    content (``null``), as OpenAI sends it."""
     out: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "tool":
@@ -71,14 +63,13 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
                         }
                     )
             continue
+        parts = [p for p in message.parts if not isinstance(p, ToolCall | ToolResult)]
+        entry: dict[str, Any] = {"role": message.role}
+        if all(isinstance(p, TextPart) for p in parts):
+            entry["content"] = "".join(p.text for p in parts if isinstance(p, TextPart))
+        else:
+            entry["content"] = [_part(p) for p in parts]
         calls = message.tool_calls()
-        parts = [p for p in message.parts if not isinstance(p, ToolCall)]
-        entry: dict[str, Any] = {
-            "role": message.role,
-            "content": _content(parts) if parts else None,
-        }
-        if message.name:
-            entry["name"] = message.name
         if calls:
             entry["tool_calls"] = [
                 {
@@ -88,8 +79,18 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
                 }
                 for c in calls
             ]
+            if not entry["content"]:
+                entry["content"] = None
+        if message.name:
+            entry["name"] = message.name
         out.append(entry)
     return out
+
+
+def openai_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
+    if choice.mode == "function":
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice.mode
 
 
 def chat_body(request: ChatRequest, model: str | None, stream: bool) -> dict[str, Any]:
@@ -112,7 +113,7 @@ def chat_body(request: ChatRequest, model: str | None, stream: bool) -> dict[str
 
 def _built(request: ChatRequest) -> dict[str, Any]:
     s = request.sampling
-    body: dict[str, Any] = {"messages": _messages(request.messages or [])}
+    body: dict[str, Any] = {"messages": openai_messages(request.messages or [])}
     optional: dict[str, Any] = {
         "max_completion_tokens": s.max_tokens,
         "temperature": s.temperature,
@@ -145,13 +146,8 @@ def _built(request: ChatRequest) -> dict[str, Any]:
             }
             for t in request.tools
         ]
-    choice = request.tool_choice
-    if choice is not None:
-        body["tool_choice"] = (
-            {"type": "function", "function": {"name": choice.name}}
-            if choice.mode == "function"
-            else choice.mode
-        )
+    if request.tool_choice is not None:
+        body["tool_choice"] = openai_tool_choice(request.tool_choice)
     output = request.output
     if output is not None and output.kind == "json_object":
         body["response_format"] = {"type": "json_object"}

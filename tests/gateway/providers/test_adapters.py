@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.canonical import (
@@ -23,7 +24,9 @@ from gateway.canonical import (
     text_message,
 )
 from gateway.providers.base import ProviderError
+from gateway.providers.openai import OpenAIProvider
 
+from ..api.servers import ServerThread, Upstream
 from .conftest import KINDS, ProviderFactory
 from .fake_common import TOOL_ARGUMENTS
 
@@ -228,3 +231,41 @@ async def test_only_azure_passes_the_traceparent_on(
     sent = fakes[kind.split("-")[0]][0].headers[-1]
     assert sent["content-type"] == "application/json"
     assert sent.get("traceparent") == (trace if kind.startswith("azure") else None)
+
+
+async def test_a_turn_of_two_tool_results_reaches_openai_compatible_upstreams(
+    make_provider: ProviderFactory, fakes: dict[str, Any]
+) -> None:
+    """Anthropic's API answers parallel calls in one turn; OpenAI's wants a message each."""
+    request = chat(
+        text_message("user", "weather in two cities?"),
+        Message(
+            "assistant", [ToolCall("a", "get_weather", "{}"), ToolCall("b", "get_weather", "{}")]
+        ),
+        Message(
+            "tool", [ToolResult("a", [TextPart("sunny")]), ToolResult("b", [TextPart("rain")])]
+        ),
+    )
+    expected = [
+        {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "b", "content": "rain"},
+    ]
+    await make_provider("azure", "plain").complete(request)
+    assert fakes["azure"][0].bodies[-1]["messages"][2:] == expected
+
+    upstream = Upstream()
+    server = ServerThread(upstream).start()
+    client = httpx.AsyncClient()
+    provider = OpenAIProvider(
+        name="openai:m", base_url=f"{server.url}/v1", model="m", client=client
+    )
+    try:
+        answer = await provider.complete(request)
+        assert answer.text()
+        sent = upstream.last_body("m")["messages"]
+        assert sent[1]["content"] is None and len(sent[1]["tool_calls"]) == 2
+        assert sent[2:] == expected
+    finally:
+        await provider.close()
+        await client.aclose()
+        server.stop()
