@@ -127,9 +127,17 @@ class DecodeGraphs:
                     time.perf_counter() - began,
                 )
 
-    def replay(self, step: StepArrays, size: int) -> torch.Tensor:
-        """Logits of the step's rows (all of them sample: a decode-only step)."""
+    def replay(
+        self,
+        step: StepArrays,
+        size: int,
+        fill_pending: Callable[[torch.Tensor, StepArrays], None],
+    ) -> torch.Tensor:
+        """Logits of the step's rows (all of them sample: a decode-only step).
+        ``fill_pending`` writes the input ids still on the device into the graph's input
+        buffer (async scheduling) after the host copy."""
         self._fill(step, size)
+        fill_pending(self._views(size)[0], step)
         graph, logits = self._graphs[size]
         graph.replay()
         return logits[: len(step.seq_lens)]

@@ -16,6 +16,7 @@ from engine.choices import Choice, RequestGroup
 from engine.config import SchedulerConfig
 from engine.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from engine.guided import TokenBitmask
+from engine.input_batch import StepArrays
 from engine.model_runner import ModelRunner
 from engine.models import load_model
 from engine.models.llama import LlamaForCausalLM
@@ -23,9 +24,9 @@ from engine.models.onednn import can_use_onednn, use_onednn_linears
 from engine.protocol import ToolCallDelta, Usage
 from engine.reasoning import template_has_reasoning
 from engine.request_options import RequestOptions
-from engine.sampler import Sampler, TokenLogprobs, derived_seed
+from engine.sampler import SampledBatch, Sampler, TokenLogprobs, derived_seed
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledSequence, Scheduler
+from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer, template_tools
 from engine.tools import detect_tool_parser, make_tool_parser
@@ -72,6 +73,10 @@ class EngineOptions:
     # measured slower than eager with oneDNN linears (bench/engine_throughput.py
     # --cpu-compile: 0.93x), and it adds a minute or more of start-up.
     cpu_compile: bool = False
+    # Schedule and prepare step N+1 while step N runs on the device (its host-side output
+    # work overlaps step N+1 in turn). None: on CUDA only, where the device runs ahead of
+    # the host; on CPU the same path runs, correct but no faster (the forward is blocking).
+    async_scheduling: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +113,17 @@ class RequestDelta:
     """The request's last delta: every choice has finished."""
     stop_sequence: str | None = None
     """The client's stop string that ended this choice."""
+
+
+@dataclass
+class _Launched:
+    """A step on the device whose sampled tokens have not been read yet."""
+
+    output: SchedulerOutput
+    sampling_items: list[ScheduledSequence]
+    step: StepArrays
+    sampled: SampledBatch
+    forked: bool
 
 
 def resolve_device(name: str) -> torch.device:
@@ -183,6 +199,14 @@ class EngineCore:
         self._requests: dict[str, Choice] = {}
         """Live choices by sequence id; a request's choice 0 has the request's own id."""
         self._groups: dict[str, RequestGroup] = {}
+        self._num_guided = 0
+        """Live choices with a grammar guide: while there are any, steps do not overlap."""
+        self.async_scheduling = (
+            self.device.type == "cuda"
+            if options.async_scheduling is None
+            else options.async_scheduling
+        )
+        self._in_flight: _Launched | None = None
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
 
@@ -267,6 +291,7 @@ class EngineCore:
     def _start_choice(self, group: RequestGroup, seq: Sequence, index: int) -> Choice:
         choice = Choice.start(group, seq, index, self.tokenizer, self.tool_parser)
         self._requests[seq.request_id] = choice
+        self._num_guided += choice.guide is not None
         return choice
 
     def abort(self, request_id: str) -> list[RequestDelta]:
@@ -297,7 +322,7 @@ class EngineCore:
         return delta
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def live_request_ids(self) -> list[str]:
         return list(self._groups)
@@ -305,10 +330,37 @@ class EngineCore:
     # -- the step ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestDelta]:
+        """Schedule and launch one step; return the deltas of the step that completed.
+
+        Without async scheduling that is the step just launched. With it, the step launched
+        here is scheduled and prepared while the previous one may still run on the device
+        (its sampled tokens are placeholders on the host and are fed to this step's inputs
+        on the device); then the previous one is completed (read back, stop checks,
+        detokenized) while this one runs, and its deltas are returned. A step that forked
+        choices, or any live grammar-guided request (whose next mask needs the token just
+        sampled), completes before the next one is scheduled."""
+        deltas: list[RequestDelta] = []
+        previous, self._in_flight = self._in_flight, None
+        if previous is not None and self._num_guided:
+            deltas += self._complete(previous)
+            previous = None
         output = self.scheduler.schedule()
-        if output.is_empty:
-            return []
+        launched = None if output.is_empty else self._launch(output)
+        if previous is not None:
+            deltas += self._complete(previous)
+        if launched is not None:
+            if self.async_scheduling and not launched.forked and not self._num_guided:
+                self._in_flight = launched
+            else:
+                deltas += self._complete(launched)
+        return deltas
+
+    def _launch(self, output: SchedulerOutput) -> _Launched:
+        """Forward and sample ``output`` on the device, and do the bookkeeping that needs
+        no sampled token; nothing here waits for the device."""
         logits = self.runner.run(output)
+        step = self.runner.last_step
+        assert step is not None
         sampling_items = [item for item in output.scheduled if item.samples]
         requests = [self._requests.get(item.seq.request_id) for item in sampling_items]
         forked_rows = self._fork_choices(sampling_items, requests, output.scheduled)
@@ -319,18 +371,23 @@ class EngineCore:
         constrain = None
         if any(g is not None and g.active for g in guides):
             constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
-        sampled = self.sampler(logits, [item.seq for item in sampling_items], constrain)
-        # The forked choices' rows come last; the runner records only its own rows.
-        self.runner.record_sampled(sampled.token_ids)
-        next_token = iter(sampled.token_ids)
-        tokens = [next(next_token) if item.samples else None for item in output.scheduled]
-        self.scheduler.postprocess(output, tokens)
+        sampled = self.sampler.sample(logits, [item.seq for item in sampling_items], constrain)
+        # The forked choices' rows come last; the runner tracks only its own rows.
+        self.runner.mark_pending(step, sampled.tokens)
+        self.scheduler.advance(output)
+        return _Launched(output, sampling_items, step, sampled, bool(forked_rows))
 
+    def _complete(self, launched: _Launched) -> list[RequestDelta]:
+        """Read a launched step's tokens (its one wait for the device), put them in place of
+        their placeholders, and turn them into deltas."""
+        result = launched.sampled.read()
+        self.runner.record_sampled(launched.step, result.token_ids)
+        self.scheduler.record(launched.output, result.token_ids)
         deltas: list[RequestDelta] = []
-        for item, logprobs in zip(sampling_items, sampled.logprobs, strict=True):
+        for item, logprobs in zip(launched.sampling_items, result.logprobs, strict=True):
             request = self._requests.get(item.seq.request_id)
-            if request is not None:
-                deltas.append(self._advance(request, logprobs))
+            if request is not None and item.token_index is not None:
+                deltas.append(self._advance(request, logprobs, item.token_index + 1))
         return deltas
 
     def _fork_choices(
@@ -372,10 +429,12 @@ class EngineCore:
                 rows.append(row)
         return rows
 
-    def _advance(self, request: Choice, logprobs: TokenLogprobs | None) -> RequestDelta:
+    def _advance(self, request: Choice, logprobs: TokenLogprobs | None, end: int) -> RequestDelta:
+        """The delta of one choice's tokens up to ``end`` (a later step's placeholder may
+        follow them already)."""
         seq = request.seq
         group = request.group
-        new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens :]
+        new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens : end]
         if new_tokens and seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
         request.delivered_tokens += len(new_tokens)
@@ -389,18 +448,26 @@ class EngineCore:
         )
         if logprobs is not None:
             delta.logprobs.append(logprobs)
+        # Ended by this token (length, EOS, stop token). A sequence can also be finished
+        # by a later step still in flight (its length reached there): not yet ours to end.
+        done = seq.is_finished and end >= seq.num_tokens
+        stop = False
         for token in new_tokens:
-            if not request.accept(token) and not seq.is_finished:
+            if not request.accept(token) and not done:
                 logger.error("%s: the grammar refused token %d", seq.request_id, token)
-                self.scheduler.finish(seq, "stop")
-        if request.guide is not None and request.guide.terminated and not seq.is_finished:
-            self.scheduler.finish(seq, "stop")
+                stop = True
+        stop |= request.guide is not None and request.guide.terminated
         detokenizer = request.detokenizer
         for token in new_tokens:
             detokenizer.add_token(token)
-        if detokenizer.stopped and not seq.is_finished:
-            self.scheduler.finish(seq, "stop")
-        if seq.is_finished:
+        stop |= detokenizer.stopped
+        if stop and not done:
+            if seq.is_finished:
+                seq.finish_reason = "stop"  # ends here, before the later step's length
+            else:
+                self.scheduler.finish(seq, "stop")
+            done = True
+        if done:
             return self._final_delta(request, delta, seq.finish_reason or "stop")
         _fill_text(delta, request.route(detokenizer.pop_delta()))
         return delta
@@ -409,6 +476,7 @@ class EngineCore:
         seq = request.seq
         group = request.group
         del self._requests[seq.request_id]
+        self._num_guided -= request.guide is not None
         delta.index = request.index
         _fill_text(delta, request.route(request.detokenizer.pop_delta(final=True), final=True))
         if reason == "stop" and request.output is not None and request.output.num_tool_calls:

@@ -32,9 +32,20 @@ class StepArrays:
     cu_seqlens_q: np.ndarray
     sample_rows: np.ndarray
     block_tables: np.ndarray
-    # The batch rows of the scheduled requests that sample, in scheduled order.
+    # The batch rows of the scheduled requests that sample, in scheduled order, where
+    # their sampled tokens go, and the rows' generations (a row reused by another request
+    # since has a new one).
     sampling_batch_rows: np.ndarray
+    sampling_positions: np.ndarray
+    sampling_generations: np.ndarray
     decode_only: bool
+    # Input tokens not known on the host yet (sampled by the step still on the device):
+    # their places in ``input_ids`` and their rows in that step's sampled-token tensor.
+    pending_index: np.ndarray
+    pending_source: np.ndarray
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class InputBatch:
@@ -51,9 +62,12 @@ class InputBatch:
         self._row_of: dict[str, int] = {}
         self._seq_of: list[Sequence | None] = [None] * max_num_seqs
         self._free_rows = list(range(max_num_seqs - 1, -1, -1))
-        self._last_sampling_rows = np.zeros(0, dtype=np.int64)
-        self._last_sampling_positions = np.zeros(0, dtype=np.int64)
-        self._last_sampling_seqs: list[Sequence] = []
+        self._generation = np.zeros(max_num_seqs, dtype=np.int64)
+        # Per row: the row of the in-flight step's sampled tokens holding its token at
+        # _pending_position (-1: none pending).
+        self._pending_source = np.full(max_num_seqs, -1, dtype=np.int64)
+        self._pending_position = np.zeros(max_num_seqs, dtype=np.int64)
+        self._pending_step: StepArrays | None = None
 
     @property
     def num_rows(self) -> int:
@@ -78,6 +92,8 @@ class InputBatch:
         self._seq_of[row] = seq
         self.num_tokens[row] = 0
         self.num_blocks[row] = 0
+        self._generation[row] += 1
+        self._pending_source[row] = -1
         return row
 
     def remove(self, request_id: str) -> None:
@@ -98,19 +114,36 @@ class InputBatch:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def record_sampled(self, token_ids: list[int]) -> None:
-        """Write the tokens just sampled into their rows, so the next step finds its decode
-        inputs in place (tokens of requests that left meanwhile are never read)."""
-        if not len(self._last_sampling_rows):
+    def mark_pending(self, step: StepArrays) -> None:
+        """``step`` was launched: its sampled tokens (still on the device, row i of its
+        sampled-token tensor for its i-th sampling row) are the rows' next inputs."""
+        self._pending_source[:] = -1
+        self._pending_step = step
+        rows, positions = step.sampling_batch_rows, step.sampling_positions
+        if not len(rows):
             return
-        rows, positions = self._last_sampling_rows, self._last_sampling_positions
         ok = positions < self.token_ids.shape[1]
-        # Rows past the runner's own (choices forked this step) join as new rows later.
-        tokens = np.asarray(token_ids[: len(rows)], dtype=np.int32)
-        self.token_ids[rows[ok], positions[ok]] = tokens[ok]
+        self._pending_source[rows[ok]] = np.flatnonzero(ok)
+        self._pending_position[rows[ok]] = positions[ok]
         # Only a row whose tokens were complete up to the sampled position stays in step.
         in_step = self.num_tokens[rows] == positions
         self.num_tokens[rows[ok & in_step]] += 1
+
+    def record_sampled(self, step: StepArrays, token_ids: list[int]) -> None:
+        """Write ``step``'s sampled tokens, now on the host, into rows still held by the
+        requests that sampled them (rows past the step's own, forked choices', are new
+        rows later). Tokens of requests that left meanwhile are never read."""
+        if step is self._pending_step:
+            self._pending_source[:] = -1
+            self._pending_step = None
+        rows, positions = step.sampling_batch_rows, step.sampling_positions
+        if not len(rows):
+            return
+        tokens = np.asarray(token_ids[: len(rows)], dtype=np.int32)
+        ok = (positions < self.token_ids.shape[1]) & (
+            self._generation[rows] == step.sampling_generations
+        )
+        self.token_ids[rows[ok], positions[ok]] = tokens[ok]
 
     def prepare(self, output: SchedulerOutput) -> StepArrays:
         scheduled = output.scheduled
@@ -142,10 +175,16 @@ class InputBatch:
         )
         width = int((ends.max() + self.block_size - 1) // self.block_size) if len(seqs) else 1
         samples = ends == num_tokens
-        self._last_sampling_rows = rows[samples]
-        self._last_sampling_positions = ends[samples]
+        input_ids = self.token_ids[token_rows, positions]
+        pending_index = pending_source = _EMPTY
+        if self._pending_step is not None:
+            source = self._pending_source[token_rows]
+            pending = (source >= 0) & (self._pending_position[token_rows] == positions)
+            if pending.any():
+                pending_index = np.flatnonzero(pending)
+                pending_source = source[pending_index]
         return StepArrays(
-            input_ids=self.token_ids[token_rows, positions],
+            input_ids=input_ids,
             positions=positions.astype(np.int32),
             slot_mapping=slots.astype(np.int32),
             seq_lens=ends.astype(np.int32),
@@ -153,7 +192,11 @@ class InputBatch:
             sample_rows=(cu[1:][samples] - 1).astype(np.int32),
             block_tables=self.block_table[rows, :width],
             sampling_batch_rows=rows[samples],
+            sampling_positions=ends[samples],
+            sampling_generations=self._generation[rows[samples]],
             decode_only=bool((counts == 1).all()),
+            pending_index=pending_index,
+            pending_source=pending_source,
         )
 
     def _sync_tokens(self, seqs: list[Sequence], rows: np.ndarray, ends: np.ndarray) -> None:

@@ -49,6 +49,8 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.backend = load_backend(attention_backend, device)
         self._forward = model.forward
+        self.last_step: StepArrays | None = None
+        self._pending_tokens = torch.zeros(0, dtype=torch.int64, device=device)
         self.num_kv_blocks = self._plan_num_blocks(
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
         )
@@ -223,18 +225,35 @@ class ModelRunner:
         """Forward this step's tokens; logits (float32) only for the scheduled items that
         sample, in their order in ``output.scheduled``."""
         step = self.input_batch.prepare(output)
+        self.last_step = step
         if self.graphs is not None and (size := self.graphs.padded_size(step)) is not None:
-            return self.graphs.replay(step, size).float()
+            return self.graphs.replay(step, size, self._fill_pending).float()
         ids, positions, meta, sample_rows = self._device_inputs(step)
+        self._fill_pending(ids, step)
         with step_metadata(meta):
             hidden = self._forward(ids, positions, meta)
         if len(step.sample_rows) != hidden.shape[0]:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
 
-    def record_sampled(self, token_ids: list[int]) -> None:
-        """The tokens the last step sampled, in order: the next step's decode inputs."""
-        self.input_batch.record_sampled(token_ids)
+    def mark_pending(self, step: StepArrays, tokens: torch.Tensor) -> None:
+        """``step``'s sampled tokens, on the device and not read yet: the next step takes
+        its decode inputs from them there (async scheduling)."""
+        self.input_batch.mark_pending(step)
+        self._pending_tokens = tokens
+
+    def record_sampled(self, step: StepArrays, token_ids: list[int]) -> None:
+        """``step``'s sampled tokens, read back, in order."""
+        self.input_batch.record_sampled(step, token_ids)
+
+    def _fill_pending(self, ids: torch.Tensor, step: StepArrays) -> None:
+        """Input ids the host does not know yet, copied on the device from the sampled
+        tokens of the step still in flight."""
+        if not len(step.pending_index):
+            return
+        index = torch.from_numpy(step.pending_index).to(self.device, non_blocking=True)
+        source = torch.from_numpy(step.pending_source).to(self.device, non_blocking=True)
+        ids[index] = self._pending_tokens[source].to(ids.dtype)
 
     def _device_inputs(
         self, step: StepArrays

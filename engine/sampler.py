@@ -26,7 +26,7 @@ from engine.batched_sampling import (
     filter_logits,
     sample_from_probs,
 )
-from engine.readback import to_host
+from engine.readback import PendingRead, start_read
 from engine.sampling import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15
@@ -54,6 +54,25 @@ class TokenLogprobs:
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+
+
+class SampledBatch:
+    """A step's draws still on the device (``tokens``, for the next step's inputs), with
+    their one read to the host already queued; ``read()`` waits for it."""
+
+    def __init__(
+        self, tokens: torch.Tensor, packed: torch.Tensor | None, wanted: np.ndarray
+    ) -> None:
+        self.tokens = tokens
+        self._wanted = wanted
+        self._logprobs = packed is not None
+        self._read: PendingRead = start_read(tokens if packed is None else packed)
+
+    def read(self) -> SamplerOutput:
+        rows = self._read.result()
+        if not self._logprobs:
+            return SamplerOutput(rows, [None] * len(rows))
+        return _unpack_logprobs(rows, self._wanted)
 
 
 def derived_seed(seed: int, index: int) -> int:
@@ -138,15 +157,24 @@ class Sampler:
         self._slots: _SlotParams | None = None
         self._penalties: PenaltyCounts | None = None
 
-    @torch.inference_mode()
     def __call__(
         self,
         logits: torch.Tensor,
         seqs: SequenceOf[SampledSequence],
         constrain: Callable[[torch.Tensor], None] | None = None,
     ) -> SamplerOutput:
+        return self.sample(logits, seqs, constrain).read()
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        logits: torch.Tensor,
+        seqs: SequenceOf[SampledSequence],
+        constrain: Callable[[torch.Tensor], None] | None = None,
+    ) -> SampledBatch:
         """``constrain`` masks forbidden tokens in place (grammars); logprobs are taken from
-        the model's raw distribution before it, as vLLM does. One device-to-host read."""
+        the model's raw distribution before it, as vLLM does. One device-to-host read,
+        queued here and waited for by ``read()``."""
         vocab = logits.shape[1]
         if self._slots is None or self._slots.vocab != vocab:
             self._slots, self._penalties = _SlotParams(vocab), None
@@ -183,8 +211,9 @@ class Sampler:
                 tokens[torch.from_numpy(rows).to(self.device)],
             )
         if raw_logprobs is None:
-            return SamplerOutput(to_host(tokens), [None] * len(seqs))
-        return _with_logprobs(raw_logprobs, tokens, column["logprobs"])
+            return SampledBatch(tokens, None, column["logprobs"])
+        return SampledBatch(tokens, _pack_logprobs(raw_logprobs, tokens, column["logprobs"]),
+                            column["logprobs"])  # fmt: skip
 
     def _penalize(
         self,
@@ -283,9 +312,9 @@ class Sampler:
         return greedy_tokens.index_copy(0, index, sampled)
 
 
-def _with_logprobs(
+def _pack_logprobs(
     raw_logprobs: torch.Tensor, tokens: torch.Tensor, wanted: np.ndarray
-) -> SamplerOutput:
+) -> torch.Tensor:
     """Tokens, each sampled token's logprob and every row's top alternatives, packed into
     one tensor so the step reads the device once."""
     k = int(np.amax(wanted))
@@ -293,7 +322,11 @@ def _with_logprobs(
     if k > 0:
         values, indices = raw_logprobs.topk(k, dim=-1)
         parts += [indices.double(), values.double()]
-    rows = to_host(torch.cat(parts, dim=1))
+    return torch.cat(parts, dim=1)
+
+
+def _unpack_logprobs(rows: list[list[float]], wanted: np.ndarray) -> SamplerOutput:
+    k = int(np.amax(wanted))
     token_ids = [int(row[0]) for row in rows]
     logprobs: list[TokenLogprobs | None] = []
     for row, n in zip(rows, map(int, wanted), strict=True):

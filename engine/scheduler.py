@@ -26,6 +26,10 @@ from engine.block_manager import BlockManager, blocks_for
 from engine.config import SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
 
+# Stands in ``Sequence.token_ids`` for a token sampled by a step still running on the device
+# (between ``Scheduler.advance`` and ``Scheduler.record``).
+PLACEHOLDER = -1
+
 
 class RequestRejected(ValueError):
     """The request can never run here (too long for the model or the cache) or no room to queue."""
@@ -40,6 +44,8 @@ class ScheduledSequence:
     start: int = field(init=False)
     # True when the step reaches the sequence's last token, so its logits give the next token.
     samples: bool = field(init=False)
+    # Where the token this step samples goes in ``seq.token_ids`` (set by ``advance``).
+    token_index: int | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.start = self.seq.num_computed_tokens
@@ -202,8 +208,21 @@ class Scheduler:
         """
         if len(sampled) != len(output.scheduled):
             raise ValueError(f"{len(sampled)} samples for {len(output.scheduled)} sequences")
-        finished: list[Sequence] = []
         for item, token in zip(output.scheduled, sampled, strict=True):
+            if item.samples and token is None:
+                raise ValueError(f"{item.seq.request_id} reached its last token but got no sample")
+        finished = self.advance(output)
+        tokens = [t for item, t in zip(output.scheduled, sampled, strict=True) if item.samples]
+        return finished + [s for s in self.record(output, tokens) if s not in finished]
+
+    def advance(self, output: SchedulerOutput) -> list[Sequence]:
+        """The half of a step's bookkeeping that needs no sampled token, done as soon as the
+        step is launched: computed tokens, prefix-cache entries, a placeholder for each
+        token being sampled, and the sequences this token ends by length (finished now so
+        the next step leaves them out; ``record`` turns the reason to "stop" if the token
+        is a stop token). Async scheduling schedules the next step right after this."""
+        finished: list[Sequence] = []
+        for item in output.scheduled:
             seq = item.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue
@@ -211,27 +230,45 @@ class Scheduler:
             self.block_manager.cache_full_blocks(seq)
             if not item.samples:
                 continue
-            if token is None:
-                raise ValueError(f"{seq.request_id} reached its last token but got no sample")
-            seq.append_token(token)
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                self._finish(seq, reason)
+            item.token_index = seq.num_tokens
+            seq.append_token(PLACEHOLDER)
+            if seq.num_output_tokens >= seq.params.max_tokens:
+                self._finish(seq, "length")
                 finished.append(seq)
         if finished:
             self.running = [s for s in self.running if s.status is SequenceStatus.RUNNING]
         self._record_utilization()
         return finished
 
+    def record(self, output: SchedulerOutput, tokens: list[int]) -> list[Sequence]:
+        """Put the sampled tokens (one per item that samples, in order; extra ones, such as
+        forked choices' rows, are ignored) in place of their
+        placeholders and end the sequences they stop; returns those sequences. A sequence
+        preempted since ``advance`` (waiting again) gets its token too; one that finished
+        otherwise meanwhile (aborted, a stop string) is skipped."""
+        finished: list[Sequence] = []
+        sampling = [item for item in output.scheduled if item.samples]
+        if len(sampling) > len(tokens):
+            raise ValueError(f"{len(tokens)} samples for {len(sampling)} sampling sequences")
+        for item, token in zip(sampling, tokens, strict=False):
+            seq = item.seq
+            if item.token_index is None or (seq.is_finished and seq.finish_reason != "length"):
+                continue
+            seq.token_ids[item.token_index] = token
+            if not self._stops(seq, token):
+                continue
+            if seq.is_finished:
+                seq.finish_reason = "stop"  # EOS or a stop token wins over the length
+            else:
+                self.finish(seq, "stop")
+                finished.append(seq)
+        return finished
+
     @staticmethod
-    def _stop_reason(seq: Sequence, token: int) -> str | None:
-        if token in seq.stop_token_ids or (
+    def _stops(seq: Sequence, token: int) -> bool:
+        return token in seq.stop_token_ids or (
             token in seq.eos_token_ids and not seq.params.ignore_eos
-        ):
-            return "stop"
-        if seq.num_output_tokens >= seq.params.max_tokens:
-            return "length"
-        return None
+        )
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a running or waiting sequence now (the engine's stop strings); idempotent."""

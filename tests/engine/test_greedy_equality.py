@@ -126,3 +126,18 @@ def test_compiled_mode(kind: str, model_dirs: dict[str, Path], references) -> No
     )
     assert generated(llm, mixed_prompts()) == references(kind, "mixed")
     assert llm.stats()["num_preemptions"] > 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_async_scheduling(kind: str, model_dirs: dict[str, Path], references) -> None:
+    """Each step scheduled and prepared before the previous one's tokens are read (their
+    inputs fed on the device), with chunked prefill, prefix caching and preemption."""
+    llm = LLM(
+        str(model_dirs[kind]),
+        num_kv_blocks=32,
+        max_num_batched_tokens=64,
+        dtype="float32",
+        async_scheduling=True,
+    )
+    assert generated(llm, mixed_prompts()) == references(kind, "mixed")
+    assert llm.stats()["num_preemptions"] > 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from engine import LLM, SamplingParams
 from engine.readback import num_reads
 
@@ -24,8 +26,12 @@ DEVICE_READS = re.compile(
 )
 
 
-def test_one_device_read_per_step_for_a_mixed_batch(llama_dir: Path) -> None:
-    llm = LLM(str(llama_dir), num_kv_blocks=128, dtype="float32")
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_one_device_read_per_step_for_a_mixed_batch(
+    llama_dir: Path, async_scheduling: bool
+) -> None:
+    """With async scheduling the first step only launches; every later one reads once."""
+    llm = LLM(str(llama_dir), num_kv_blocks=128, dtype="float32", async_scheduling=async_scheduling)
     engine = llm.engine
     mixed = [
         SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
@@ -43,6 +49,9 @@ def test_one_device_read_per_step_for_a_mixed_batch(llama_dir: Path) -> None:
         engine.step()
         reads_per_step.append(num_reads() - before)
     assert len(reads_per_step) >= 12
+    if async_scheduling:
+        assert reads_per_step[0] == 0
+        reads_per_step = reads_per_step[1:]
     assert set(reads_per_step) == {1}
 
 

@@ -80,7 +80,8 @@ def test_persistent_batch_matches_a_fresh_build_every_step() -> None:
         for row, table in zip(got.block_tables.tolist(), want["tables"], strict=True):
             assert row[: len(table)] == table
         sampled = [rng.randrange(100) for item in output.scheduled if item.samples]
-        batch.record_sampled(sampled)
+        batch.mark_pending(got)
+        batch.record_sampled(got, sampled)
         tokens = iter(sampled)
         scheduler.postprocess(
             output, [next(tokens) if item.samples else None for item in output.scheduled]
