@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from gateway import canonical
-from gateway.translate.openai_out import openai_messages, openai_tool_choice
+from gateway.translate.openai_out import openai_messages, openai_sampling, openai_tool_choice
 
 
 def request_body(request: canonical.ChatRequest, model: str, stream: bool) -> dict[str, Any]:
@@ -43,18 +43,10 @@ def _written(request: canonical.ChatRequest, model: str, stream: bool) -> dict[s
         body["tool_choice"] = openai_tool_choice(request.tool_choice)
     if request.output is not None:
         body.update(_output(request.output))
+    max_key = "max_completion_tokens" if request.messages is not None else "max_tokens"
     sampling = {
-        "max_completion_tokens" if request.messages is not None else "max_tokens": s.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "n": s.n if s.n != 1 else None,
-        "seed": s.seed,
-        "stop": s.stop,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "logit_bias": {str(k): v for k, v in s.logit_bias.items()} if s.logit_bias else None,
-        "logprobs": True if s.logprobs else None,
-        "top_logprobs": s.top_logprobs,
+        **openai_sampling(s, max_key),
+        # vLLM's sampling fields, which OpenAI-compatible servers of open models take.
         "top_k": s.top_k,
         "min_p": s.min_p,
         "repetition_penalty": s.repetition_penalty,

@@ -23,6 +23,7 @@ from gateway.canonical import (
     Message,
     Part,
     Response,
+    Sampling,
     TextPart,
     ToolCall,
     ToolCallDelta,
@@ -87,6 +88,24 @@ def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
+def openai_sampling(s: Sampling, max_key: str = "max_completion_tokens") -> dict[str, Any]:
+    """OpenAI's sampling fields (``None`` where unset); ``max_key`` names the length limit
+    (``max_tokens`` for text completions)."""
+    return {
+        max_key: s.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "n": s.n if s.n > 1 else None,
+        "seed": s.seed,
+        "stop": s.stop,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "logit_bias": {str(k): v for k, v in s.logit_bias.items()} if s.logit_bias else None,
+        "logprobs": True if s.logprobs else None,
+        "top_logprobs": s.top_logprobs,
+    }
+
+
 def openai_tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
     if choice.mode == "function":
         return {"type": "function", "function": {"name": choice.name}}
@@ -112,20 +131,9 @@ def chat_body(request: ChatRequest, model: str | None, stream: bool) -> dict[str
 
 
 def _built(request: ChatRequest) -> dict[str, Any]:
-    s = request.sampling
     body: dict[str, Any] = {"messages": openai_messages(request.messages or [])}
     optional: dict[str, Any] = {
-        "max_completion_tokens": s.max_tokens,
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "n": s.n if s.n > 1 else None,
-        "seed": s.seed,
-        "stop": s.stop,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-        "logit_bias": {str(k): v for k, v in s.logit_bias.items()} if s.logit_bias else None,
-        "logprobs": True if s.logprobs else None,
-        "top_logprobs": s.top_logprobs,
+        **openai_sampling(request.sampling),
         "parallel_tool_calls": request.parallel_tool_calls,
         "reasoning_effort": request.reasoning_effort,
         "user": request.user,
