@@ -405,15 +405,35 @@ class Up:
         return str(response.json()["key"])
 
 
+@contextlib.contextmanager
+def up_scratch() -> Iterator[Path]:
+    """A fresh folder for a ``sluicegate up`` data dir, removed afterwards. Not under pytest's
+    basetemp: the embedded PostgreSQL runs as another user (we are root) and needs every parent
+    directory traversable, while any pytest starting meanwhile on this machine resets
+    /tmp/pytest-of-<user> to 0700."""
+    scratch = Path(tempfile.mkdtemp(prefix="sg-up-"))
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.fixture
+def up_scratch_dir() -> Iterator[Path]:
+    """``up_scratch`` for one test."""
+    with up_scratch() as scratch:
+        yield scratch
+
+
 @pytest.fixture(scope="session")
 def up() -> Iterator[Up]:
     """One ``sluicegate up`` for every test module that drives the SDKs against it (starting
     one takes PostgreSQL, Redis, a migration and a model load)."""
-    # Not under pytest's basetemp: the embedded PostgreSQL runs as another user (we are root)
-    # and needs every parent directory traversable, while any pytest starting meanwhile on
-    # this machine resets /tmp/pytest-of-<user> to 0700.
-    scratch = Path(tempfile.mkdtemp(prefix="sg-up-"))
-    data_dir = scratch / "sg-data"
+    with up_scratch() as scratch:
+        yield from _up(scratch / "sg-data")
+
+
+def _up(data_dir: Path) -> Iterator[Up]:
     port = free_port()
     argv = [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir)]
     process = subprocess.Popen(
@@ -458,4 +478,3 @@ def up() -> Iterator[Up]:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
-        shutil.rmtree(scratch, ignore_errors=True)

@@ -56,9 +56,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_up_serves_the_demo_model_and_sigint_stops_everything(
-    tmp_path: Path, tools: SimpleNamespace
+    up_scratch_dir: Path, tools: SimpleNamespace
 ) -> None:
-    data_dir = tmp_path / "sg-data"
+    # up_scratch_dir, not tmp_path: the embedded PostgreSQL (another user) must traverse it.
+    data_dir = up_scratch_dir / "sg-data"
     port = tools.free_port()
     env = tools.base_env()  # no SLUICEGATE_* URLs: embedded PostgreSQL and Redis
     up = subprocess.Popen(
