@@ -164,7 +164,13 @@ class _Prompt(_Wire):
 
 
 class CountTokensRequest(_Prompt):
-    pass
+    """Anthropic's count_tokens body: the prompt fields, and ``speed``. ``speed`` picks how fast
+    the tokens are generated (Anthropic's fast mode), not which tokens the prompt is, so it
+    cannot change the count: it is accepted (the SDK sends it when the caller passes it) and
+    not forwarded, as Anthropic's own count endpoint needs a beta header with it on some
+    models."""
+
+    speed: Literal["standard", "fast"] | None = None
 
 
 class MessagesRequest(_Prompt, kw_only=True):

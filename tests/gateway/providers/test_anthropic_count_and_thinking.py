@@ -39,6 +39,20 @@ def test_count_tokens_is_anthropics_own_count(
     assert fakes["anthropic"][0].calls == calls, "nothing was generated"
 
 
+@pytest.mark.parametrize("model", ["anthropic-plain", "gemini-plain"])
+def test_count_tokens_takes_speed_which_does_not_change_the_count(
+    claude: anthropic.Anthropic, model: str
+) -> None:
+    plain = claude.messages.count_tokens(model=model, messages=SAY).input_tokens
+    for speed in ("standard", "fast"):
+        counted = claude.messages.count_tokens(model=model, messages=SAY, speed=speed)
+        assert counted.input_tokens == plain
+    # A field count_tokens does not take is still a 400 naming it.
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.count_tokens(model=model, messages=SAY, extra_body={"max_tokens": 5})
+    assert "max_tokens" in caught.value.body["error"]["message"]  # type: ignore[index]
+
+
 def test_count_tokens_without_a_count_endpoint_is_the_prompt_of_a_generation(
     claude: anthropic.Anthropic,
 ) -> None:
