@@ -13,9 +13,9 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from gateway.api.admin import service
-from gateway.api.admin.reports import budget_view
+from gateway.api.admin.reports import key_budget
 from gateway.api.admin.schemas import GRACE_MAX_S
-from gateway.auth import ApiKeyRecord, publish_invalidation
+from gateway.auth import publish_invalidation
 from gateway.db import keys as key_queries
 from gateway.db import teams as team_queries
 from gateway.db.models import ApiKey
@@ -140,8 +140,7 @@ class KeysPages(Controller):
             row = await service.key_for(db, session.actor, key_id)
             team = await team_queries.get_team(db, row.team_id) if row.team_id else None
             teams = await team_queries.list_teams(db, limit=1000) if session.is_master else []
-        record = ApiKeyRecord.from_row(row, team)
-        budget = await budget_view(request.app.state.limiter, "key", record, record.team_id)
+        budget = await key_budget(request.app.state.limiter, row, team)
         return render_edit(
             request,
             "key_edit.html",

@@ -13,8 +13,8 @@ from litestar.response import Redirect, Template
 
 from gateway.api.admin import service
 from gateway.api.admin.guards import require_team_access
-from gateway.api.admin.reports import budget_view
-from gateway.auth import TeamLimits, publish_invalidation
+from gateway.api.admin.reports import team_budget
+from gateway.auth import publish_invalidation
 from gateway.db import teams as team_queries
 from gateway.errors import NotFound
 from gateway.ui.common import FormError, render, request_id, sessions
@@ -34,8 +34,7 @@ async def _teams_context(request: Request[Any, Any, Any]) -> dict[str, Any]:
     limiter = request.app.state.limiter
     budgets = {}
     for team in teams:
-        limits = TeamLimits.from_row(team)
-        budgets[team.id] = await budget_view(limiter, "team", limits, limits.id)
+        budgets[team.id] = await team_budget(limiter, team)
     return {"teams": teams, "counts": counts, "budgets": budgets}
 
 
@@ -91,8 +90,7 @@ class TeamsPages(Controller):
             team = await team_queries.get_team(db, team_id)
         if team is None:
             raise NotFound(f"No team with id '{team_id}'.", param="team_id")
-        limits = TeamLimits.from_row(team)
-        budget = await budget_view(request.app.state.limiter, "team", limits, limits.id)
+        budget = await team_budget(request.app.state.limiter, team)
         return render_edit(
             request,
             "team_edit.html",

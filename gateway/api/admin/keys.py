@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.api.admin import service
 from gateway.api.admin.guards import actor_of, admin_guard, request_id_of
-from gateway.api.admin.reports import budget_view, usage_report
+from gateway.api.admin.reports import key_budget, usage_report
 from gateway.api.admin.schemas import (
     CreatedKey,
     GroupBy,
@@ -27,7 +27,7 @@ from gateway.api.admin.schemas import (
     RotateRequest,
     key_fields,
 )
-from gateway.auth import ApiKeyRecord, publish_invalidation
+from gateway.auth import publish_invalidation
 from gateway.db import keys as key_queries
 from gateway.db import teams as team_queries
 
@@ -136,8 +136,7 @@ class KeysController(Controller):
             data, total = await usage_report(
                 session, key_id=key_id, model=model, since=since, until=until, group_by=group_by
             )
-        record = ApiKeyRecord.from_row(row, team)
-        budget = await budget_view(request.app.state.limiter, "key", record, record.team_id)
+        budget = await key_budget(request.app.state.limiter, row, team)
         return KeyUsageReport(
             group_by=group_by,
             data=data,

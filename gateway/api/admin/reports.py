@@ -13,7 +13,9 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.api.admin.schemas import BudgetView, GroupBy, UsageRow
+from gateway.auth import ApiKeyRecord, TeamLimits
 from gateway.db import usage as usage_queries
+from gateway.db.models import ApiKey, Team
 from gateway.limits import RateLimiter, ScopeLimits
 from gateway.pricing import from_micros
 
@@ -79,3 +81,14 @@ async def budget_view(
         if money_budget is None
         else from_micros(max(0, money_budget - spend_micros)),
     )
+
+
+async def key_budget(limiter: RateLimiter, key: ApiKey, team: Team | None) -> BudgetView:
+    """The budget view of a key as stored (``team``: its team, whose limits it carries)."""
+    record = ApiKeyRecord.from_row(key, team)
+    return await budget_view(limiter, "key", record, record.team_id)
+
+
+async def team_budget(limiter: RateLimiter, team: Team) -> BudgetView:
+    limits = TeamLimits.from_row(team)
+    return await budget_view(limiter, "team", limits, limits.id)

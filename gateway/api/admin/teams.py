@@ -19,7 +19,7 @@ from gateway.api.admin.guards import (
     require_team_access,
 )
 from gateway.api.admin.keys import sessions
-from gateway.api.admin.reports import budget_view, usage_report
+from gateway.api.admin.reports import team_budget, usage_report
 from gateway.api.admin.schemas import (
     GroupBy,
     TeamCreate,
@@ -28,7 +28,7 @@ from gateway.api.admin.schemas import (
     TeamUsageReport,
     TeamView,
 )
-from gateway.auth import TeamLimits, publish_invalidation
+from gateway.auth import publish_invalidation
 from gateway.db import teams as team_queries
 from gateway.errors import NotFound
 
@@ -123,8 +123,7 @@ class TeamsController(Controller):
                 until=until,
                 group_by=group_by,
             )
-        limits = TeamLimits.from_row(team)
-        budget = await budget_view(request.app.state.limiter, "team", limits, limits.id)
+        budget = await team_budget(request.app.state.limiter, team)
         return TeamUsageReport(
             group_by=group_by,
             data=data,
