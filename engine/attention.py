@@ -56,6 +56,9 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     cu_seqlens_q: torch.Tensor
+    # How many leading requests are one-token decodes (None: all, if there are as many
+    # tokens as requests, else none): the Triton kernel runs them with decode tiles.
+    num_decodes: int | None = None
 
 
 class PagedAttention(nn.Module):
@@ -91,4 +94,5 @@ class PagedAttention(nn.Module):
             meta.seq_lens,
             meta.cu_seqlens_q,
             self.scale,
+            num_decodes=meta.num_decodes,
         )

@@ -57,6 +57,7 @@ def paged_attention_op(
         meta.seq_lens,
         meta.cu_seqlens_q,
         layer.scale,
+        num_decodes=meta.num_decodes,
     )
 
 

@@ -39,6 +39,9 @@ class StepArrays:
     sampling_positions: np.ndarray
     sampling_generations: np.ndarray
     decode_only: bool
+    # How many leading scheduled requests compute one token (the scheduler puts running
+    # decodes first): the attention kernel's decode launch.
+    num_decodes: int
     # Input tokens not known on the host yet (sampled by the step still on the device):
     # their places in ``input_ids`` and their rows in that step's sampled-token tensor.
     pending_index: np.ndarray
@@ -175,6 +178,7 @@ class InputBatch:
         )
         width = int((ends.max() + self.block_size - 1) // self.block_size) if len(seqs) else 1
         samples = ends == num_tokens
+        decode_only = bool((counts == 1).all())
         input_ids = self.token_ids[token_rows, positions]
         pending_index = pending_source = _EMPTY
         if self._pending_step is not None:
@@ -194,7 +198,8 @@ class InputBatch:
             sampling_batch_rows=rows[samples],
             sampling_positions=ends[samples],
             sampling_generations=self._generation[rows[samples]],
-            decode_only=bool((counts == 1).all()),
+            decode_only=decode_only,
+            num_decodes=len(counts) if decode_only else int(np.argmax(counts != 1)),
             pending_index=pending_index,
             pending_source=pending_source,
         )

@@ -68,6 +68,8 @@ class ModelRunner:
             self._staging = torch.empty(capacity, dtype=torch.int32, pin_memory=True)
             self._staging_np = self._staging.numpy()
             self._device_staging = torch.empty(capacity, dtype=torch.int32, device=device)
+        if device.type == "cuda" and self.backend.name == "triton":
+            self._warm_up_kernels()
         if compile_model:
             # One eager step first: modules that set up lazily (the rotary frequencies'
             # device copy) must not change state inside the compiled function.
@@ -89,6 +91,25 @@ class ModelRunner:
                 self.input_batch.max_blocks,
             )
             self.graphs.capture()
+
+    def _warm_up_kernels(self) -> None:
+        """Every Triton attention variant this model can launch (decode, prefill, each
+        split-KV count) compiled now, not mid-serving; the model's dummy steps below
+        cover the rest (KV store, compiled code)."""
+        from kernels.triton_paged_attention import warm_up
+
+        c = self.config
+        names = warm_up(
+            num_heads=c.num_attention_heads,
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            block_size=self.block_size,
+            dtype=c.dtype,
+            device=self.device,
+            max_num_seqs=self.max_num_seqs,
+            max_blocks=self.input_batch.max_blocks,
+        )
+        logger.info("Triton attention variants compiled at start-up: %s", ", ".join(names))
 
     # -- KV cache ---------------------------------------------------------------------------
 
@@ -287,6 +308,7 @@ class ModelRunner:
             block_tables=tables,
             seq_lens=seq_lens,
             cu_seqlens_q=cu,
+            num_decodes=step.num_decodes,
         )
         return ids, positions, meta, sample_rows
 

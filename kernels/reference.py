@@ -47,6 +47,8 @@ def paged_attention(
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     softmax_scale: float,
+    *,
+    num_decodes: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed varlen queries over keys/values read through block tables.
 
@@ -54,7 +56,9 @@ def paged_attention(
     of its ``seq_lens[i]`` cached tokens, so query j sits at absolute position
     ``seq_lens[i] - q_len + j`` and sees keys ``0..that position``. Query heads are grouped
     over KV heads (GQA): query head h reads KV head ``h // (num_heads // num_kv_heads)``.
-    Scores and softmax are computed in fp32; the output has q's dtype.
+    Scores and softmax are computed in fp32; the output has q's dtype. ``num_decodes`` (how
+    many leading requests have one query, a launch hint for the Triton kernel) is not needed
+    here: this function reads the query lengths itself.
     """
     num_tokens, num_heads = q.shape[:2]
     num_kv_heads = k_cache.shape[2]

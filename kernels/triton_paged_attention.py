@@ -9,11 +9,18 @@ Maths in ``kernels.reference.paged_attention``. Layout of the work:
 * Programs are laid out over all requests' query blocks without a host sync: request i's
   blocks start at ``cu_seqlens_q[i] // BLOCK_Q + i`` (an upper bound on the blocks before it),
   each program finds its request by binary search, and spare programs exit at once.
+* A launch covers requests ``[seq_begin, num_seqs)`` (offsets counted from there), so a mixed
+  batch whose leading requests are one-token decodes (the engine's order) runs them with
+  decode tiles and the rest with prefill tiles: two launches, same tensors, no host sync.
 * Keys are walked in tiles of ``TILE_N`` positions (several cache blocks) through the block
   table, with an online softmax in fp32 (exp2 domain).
 * Split-KV: with ``num_splits > 1`` the key range of each request is cut into that many
   parts, each program writes a partial output and its log-sum-exp, and a reduce kernel merges
   them. The launcher picks it for decode batches too small to fill the GPU.
+* Tile sizes, warps and pipeline stages per GPU family come from ``kernels.launch_configs``.
+  Request counts, offsets and the block-table stride are not specialised on (Triton would
+  otherwise compile new variants as they cross 1 or multiples of 16 mid-serving), so
+  ``warm_up`` can compile every variant a model can meet at start-up.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["default_num_splits", "paged_attention", "plan_tiles"]
+from kernels.launch_configs import TileConfig, family_config, tile_config
+
+__all__ = ["default_num_splits", "paged_attention", "plan_tiles", "warm_up"]
 
 _LOG2_E = 1.4426950408889634
 # Split the key range only while each part keeps at least this many keys: shorter parts cost
@@ -35,7 +44,7 @@ _MIN_KEYS_PER_SPLIT = 256
 _MAX_SPLITS = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs", "seq_begin", "token_begin", "stride_table_seq"])
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -48,6 +57,8 @@ def _paged_attention_kernel(
     partial_lse_ptr,
     scale_log2,
     num_seqs,
+    seq_begin,
+    token_begin,
     stride_q_token,
     stride_q_head,
     stride_out_token,
@@ -72,12 +83,13 @@ def _paged_attention_kernel(
     split = tl.program_id(2)
     num_heads = tl.num_programs(1) * GROUP
 
-    # The request whose query blocks contain this program: the last i with start(i) <= q_block.
-    low = tl.full([], 0, tl.int32)
+    # The request whose query blocks contain this program: the last i with start(i) <= q_block,
+    # start(i) = (cu_seqlens_q[i] - token_begin) // BLOCK_Q + (i - seq_begin).
+    low = tl.full([], 0, tl.int32) + seq_begin
     high = tl.full([], 0, tl.int32) + num_seqs
     while low < high:
         mid = (low + high) // 2
-        if tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid <= q_block:
+        if (tl.load(cu_seqlens_q_ptr + mid) - token_begin) // BLOCK_Q + mid - seq_begin <= q_block:
             low = mid + 1
         else:
             high = mid
@@ -85,7 +97,7 @@ def _paged_attention_kernel(
 
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    local_block = q_block - (q_start // BLOCK_Q + seq)
+    local_block = q_block - ((q_start - token_begin) // BLOCK_Q + seq - seq_begin)
     if local_block * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -229,47 +241,82 @@ def paged_attention(
     softmax_scale: float,
     *,
     num_splits: int | None = None,
+    num_decodes: int | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention over a paged KV cache; see ``kernels.reference.paged_attention``.
 
-    ``num_splits`` forces the split-KV variant (a power of two; 1 turns it off). By default the
-    launcher splits decode batches whose (request, KV head) programs would not fill the GPU.
+    ``num_decodes``: how many leading requests have one query token (a host-side hint the
+    engine knows; default: all of them when there are as many tokens as requests, else
+    none). Those run with decode tiles, the rest with prefill tiles; the result does not
+    depend on the hint, only the speed. ``num_splits`` forces the split-KV variant for the
+    decode requests (a power of two; 1 turns it off); by default the launcher splits decode
+    batches whose (request, KV head) programs would not fill the GPU.
     """
     _check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
-    num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_tokens = q.shape[0]
     num_seqs = seq_lens.shape[0]
-    group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     if num_tokens == 0:
         return out
+    if num_decodes is None:
+        num_decodes = num_seqs if num_tokens == num_seqs else 0
+    if not 0 <= num_decodes <= min(num_seqs, num_tokens):
+        raise ValueError(f"num_decodes {num_decodes} out of range for {num_seqs} requests")
+    if num_splits is not None and (num_splits < 1 or num_splits & (num_splits - 1)):
+        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
+    args = (q, k_cache, v_cache, out, block_tables, seq_lens, cu_seqlens_q, softmax_scale)
+    if num_decodes:
+        if num_splits is None:
+            num_splits = default_num_splits(q, block_tables, k_cache.shape[1], k_cache.shape[2],
+                                            num_decodes=num_decodes)  # fmt: skip
+        _launch(*args, seqs=(0, num_decodes), tokens=(0, num_decodes), num_splits=num_splits)
+    if num_decodes < num_seqs:
+        _launch(*args, seqs=(num_decodes, num_seqs), tokens=(num_decodes, num_tokens),
+                num_splits=1)  # fmt: skip
+    return out
 
-    # Without a host sync the launcher cannot see query lengths; one token per request is
-    # decode in every batch the engine builds (each scheduled request has >= 1 query).
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+    *,
+    seqs: tuple[int, int],
+    tokens: tuple[int, int],
+    num_splits: int,
+) -> None:
+    """One launch over requests ``seqs`` (whose queries are tokens ``tokens``): decode tiles
+    when each has one token, else prefill tiles."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    seq_begin, seq_end = seqs
+    token_begin, token_end = tokens
+    is_decode = token_end - token_begin == seq_end - seq_begin
+    config = _tile_config(q.device, is_decode, head_dim)
     tiles = plan_tiles(
-        is_decode=num_tokens == num_seqs,
-        group=group,
+        is_decode=is_decode,
+        group=num_heads // num_kv_heads,
         head_dim=head_dim,
         block_size=block_size,
         dtype=q.dtype,
         interpreting=_interpreting(),
+        config=config,
     )
-    if num_splits is None:
-        num_splits = default_num_splits(q, block_tables, block_size, num_kv_heads)
-    if num_splits < 1 or num_splits & (num_splits - 1):
-        raise ValueError(f"num_splits must be a power of two, got {num_splits}")
-
     if num_splits > 1:
-        partial_out = torch.empty(
-            num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
-        )
-        partial_lse = torch.empty(
-            num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device
-        )
+        # Indexed by absolute token: a decode launch covers tokens [0, token_end).
+        partial_out = torch.empty(token_end, num_heads, num_splits, head_dim,
+                                  dtype=torch.float32, device=q.device)  # fmt: skip
+        partial_lse = torch.empty(token_end, num_heads, num_splits,
+                                  dtype=torch.float32, device=q.device)  # fmt: skip
     else:
         partial_out = partial_lse = out
-    grid = (num_tokens // tiles["BLOCK_Q"] + num_seqs, num_kv_heads, num_splits)
-    _paged_attention_kernel[grid](
+    num_q_blocks = (token_end - token_begin) // tiles["BLOCK_Q"] + seq_end - seq_begin
+    _paged_attention_kernel[(num_q_blocks, num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -280,7 +327,9 @@ def paged_attention(
         partial_out,
         partial_lse,
         softmax_scale * _LOG2_E,
-        num_seqs,
+        seq_end,
+        seq_begin,
+        token_begin,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -290,11 +339,13 @@ def paged_attention(
         k_cache.stride(2),
         block_tables.stride(0),
         NUM_SPLITS=num_splits,
-        num_warps=4,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
         **tiles,
     )
     if num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_heads)](
+        assert token_begin == 0, "only the leading decode requests are split"
+        _merge_splits_kernel[(token_end, num_heads)](
             partial_out,
             partial_lse,
             out,
@@ -304,7 +355,21 @@ def paged_attention(
             HEAD_DIM_PAD=tiles["HEAD_DIM_PAD"],
             NUM_SPLITS=num_splits,
         )
-    return out
+
+
+def _tile_config(device: torch.device, is_decode: bool, head_dim: int) -> TileConfig:
+    capability = _capability(device.index) if device.type == "cuda" else None
+    return tile_config(
+        family_config(capability),
+        is_decode=is_decode,
+        head_dim_pad=triton.next_power_of_2(head_dim),
+    )
+
+
+@functools.cache
+def _capability(device_index: int | None) -> tuple[int, int]:
+    index = torch.cuda.current_device() if device_index is None else device_index
+    return torch.cuda.get_device_capability(index)
 
 
 def plan_tiles(
@@ -315,28 +380,77 @@ def plan_tiles(
     block_size: int,
     dtype: torch.dtype,
     interpreting: bool,
+    config: TileConfig | None = None,
 ) -> dict[str, object]:
     """The attention kernel's compile-time parameters, all but ``NUM_SPLITS``.
 
-    Decode uses the smallest row tile the tensor cores take (16), filled by the GQA group;
-    prefill uses 64 rows (32 for head dim 256, to stay within registers). Key tiles span
-    several cache blocks so each loop iteration moves enough bytes.
+    Row and key tiles come from ``config`` (default: the table's entry for no GPU family):
+    decode uses the smallest row tile the tensor cores take (16), filled by the GQA group;
+    prefill more rows. Key tiles span at least one cache block.
     """
     head_dim_pad = triton.next_power_of_2(head_dim)
-    wide = head_dim_pad > 128
-    block_m = max(16 if is_decode else (32 if wide else 64), triton.next_power_of_2(group))
+    if config is None:
+        config = tile_config(family_config(None), is_decode=is_decode, head_dim_pad=head_dim_pad)
+    block_m = max(config.block_m, triton.next_power_of_2(group))
     return {
         "GROUP": group,
         "HEAD_DIM": head_dim,
         "HEAD_DIM_PAD": head_dim_pad,
         "BLOCK_SIZE": block_size,
-        "TILE_N": max(block_size, 32 if wide else 64),
+        "TILE_N": max(block_size, config.tile_n),
         "BLOCK_M": block_m,
         "BLOCK_Q": block_m // group,
         "UPCAST_INPUTS": interpreting,
         # fp32 operands get exact fp32 products, not TF32 (which only fp32 dots would use).
         "DOT_PRECISION": "ieee" if interpreting or dtype == torch.float32 else "tf32",
     }
+
+
+def warm_up(
+    *,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_num_seqs: int,
+    max_blocks: int,
+) -> list[str]:
+    """Compile, at start-up, every attention variant serving can launch: prefill tiles,
+    decode tiles, and each split-KV count ``default_num_splits`` can pick for this model
+    (with its merge kernel). Runs each once on a tiny batch; returns their names."""
+    cache = torch.zeros(2, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    table = torch.zeros(2, 1, dtype=torch.int32, device=device)
+    seq_lens = torch.ones(2, dtype=torch.int32, device=device)
+    q = torch.zeros(3, num_heads, head_dim, dtype=dtype, device=device)
+    names = []
+    # A decode request then a two-token one: one decode and one prefill launch.
+    mixed_cu = torch.tensor([0, 1, 3], dtype=torch.int32, device=device)
+    paged_attention(q, cache, cache, table, seq_lens + 1, mixed_cu, 1.0, num_decodes=1)
+    names += ["decode", "prefill"]
+    decode_cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=device)
+    for splits in split_counts(device, num_kv_heads, max_num_seqs, max_blocks * block_size):
+        if splits > 1:
+            paged_attention(q[:2], cache, cache, table, seq_lens, decode_cu, 1.0, num_splits=splits)
+            names.append(f"decode split {splits}")
+    return names
+
+
+def split_counts(
+    device: torch.device, num_kv_heads: int, max_num_seqs: int, max_context: int
+) -> list[int]:
+    """Every split count ``default_num_splits`` can return for this model on ``device``."""
+    if device.type != "cuda":
+        return [1]
+    sm_count = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    counts = {
+        _splits_for(sm_count, seqs * num_kv_heads, context)
+        for seqs in range(1, max_num_seqs + 1)
+        for context in (max_context,)
+    }
+    # Narrower block tables (shorter contexts) give every smaller count too.
+    return sorted({1 << i for c in counts for i in range(c.bit_length())})
 
 
 def _interpreting() -> bool:
@@ -346,18 +460,28 @@ def _interpreting() -> bool:
 
 
 def default_num_splits(
-    q: torch.Tensor, block_tables: torch.Tensor, block_size: int, num_kv_heads: int
+    q: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    num_kv_heads: int,
+    *,
+    num_decodes: int | None = None,
 ) -> int:
-    """Key-range splits for a batch: more than 1 only for decode that leaves SMs idle."""
-    if q.device.type != "cuda" or q.shape[0] != block_tables.shape[0]:
+    """Key-range splits for the decode requests of a batch (all of its requests unless
+    ``num_decodes`` says how many lead): more than 1 only when they leave SMs idle."""
+    if num_decodes is None:
+        num_decodes = block_tables.shape[0] if q.shape[0] == block_tables.shape[0] else 0
+    if q.device.type != "cuda" or num_decodes == 0:
         return 1
-    programs = block_tables.shape[0] * num_kv_heads
     index = q.device.index
     sm_count = _sm_count(torch.cuda.current_device() if index is None else index)
+    # The table's width bounds the longest context without reading seq_lens on the host.
+    return _splits_for(sm_count, num_decodes * num_kv_heads, block_tables.shape[1] * block_size)
+
+
+def _splits_for(sm_count: int, programs: int, max_context: int) -> int:
     if programs >= sm_count:
         return 1
-    # The table's width bounds the longest context without reading seq_lens on the host.
-    max_context = block_tables.shape[1] * block_size
     wanted = min(math.ceil(2 * sm_count / programs), max_context // _MIN_KEYS_PER_SPLIT)
     wanted = min(wanted, _MAX_SPLITS)
     return 1 if wanted < 2 else 1 << (wanted.bit_length() - 1)

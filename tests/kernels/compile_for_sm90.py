@@ -22,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from kernels.launch_configs import family_config, tile_config
 from kernels.triton_paged_attention import (
     _merge_splits_kernel,
     _paged_attention_kernel,
@@ -32,22 +33,35 @@ from kernels.triton_store_kv import _store_kv_kernel
 SM90 = GPUTarget("cuda", 90, 32)
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
-# (dtype, decode?, GQA group, head_dim, block_size, splits): Llama-3.1-8B decode and prefill,
-# split-KV decode, an odd head dim, head dim 256, a group that is not a power of two.
+# (dtype, decode?, GQA group, head_dim, block_size, splits, launch-table family): Llama-3.1-8B
+# decode and prefill, split-KV decode, an odd head dim, head dim 256, a group that is not a
+# power of two, with the default tiles; then Llama-3.1-8B with the H100/H200 table entry
+# (whose shared memory must fit sm_90's 227 KiB per block).
 ATTENTION_VARIANTS = [
-    (torch.bfloat16, True, 4, 128, 16, 1),
-    (torch.bfloat16, True, 4, 128, 16, 8),
-    (torch.bfloat16, False, 4, 128, 16, 1),
-    (torch.float16, False, 1, 80, 32, 1),
-    (torch.bfloat16, True, 7, 64, 16, 1),
-    (torch.float32, False, 2, 256, 16, 1),
+    (torch.bfloat16, True, 4, 128, 16, 1, None),
+    (torch.bfloat16, True, 4, 128, 16, 8, None),
+    (torch.bfloat16, False, 4, 128, 16, 1, None),
+    (torch.float16, False, 1, 80, 32, 1, None),
+    (torch.bfloat16, True, 7, 64, 16, 1, None),
+    (torch.float32, False, 2, 256, 16, 1, None),
+    (torch.bfloat16, True, 4, 128, 16, 1, (9, 0)),
+    (torch.bfloat16, True, 4, 128, 16, 8, (9, 0)),
+    (torch.bfloat16, False, 4, 128, 16, 1, (9, 0)),
 ]
+SM90_SHARED_BYTES = 227 * 1024
 
 
-def compile_kernel(fn, types: dict[str, str], constants: dict[str, object], num_warps: int = 4):
+def compile_kernel(
+    fn,
+    types: dict[str, str],
+    constants: dict[str, object],
+    num_warps: int = 4,
+    num_stages: int = 2,
+):
     signature = {name: "constexpr" if name in constants else types[name] for name in fn.arg_names}
     source = ASTSource(fn, signature, constexprs=constants)
-    return triton.compile(source, target=SM90, options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(source, target=SM90, options=options)
 
 
 def attention_types(dtype: torch.dtype) -> dict[str, str]:
@@ -68,7 +82,12 @@ def attention_types(dtype: torch.dtype) -> dict[str, str]:
 
 
 def main() -> None:
-    for dtype, is_decode, group, head_dim, block_size, splits in ATTENTION_VARIANTS:
+    for dtype, is_decode, group, head_dim, block_size, splits, family in ATTENTION_VARIANTS:
+        config = tile_config(
+            family_config(family),
+            is_decode=is_decode,
+            head_dim_pad=triton.next_power_of_2(head_dim),
+        )
         tiles = plan_tiles(
             is_decode=is_decode,
             group=group,
@@ -76,15 +95,22 @@ def main() -> None:
             block_size=block_size,
             dtype=dtype,
             interpreting=False,
+            config=config,
         )
         kernel = compile_kernel(
-            _paged_attention_kernel, attention_types(dtype), {**tiles, "NUM_SPLITS": splits}
+            _paged_attention_kernel,
+            attention_types(dtype),
+            {**tiles, "NUM_SPLITS": splits},
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
         )
         uses_mma = "mma" in kernel.asm["ptx"]
         name = f"paged_attention {TRITON_TYPES[dtype]} decode={is_decode} group={group} "
-        name += f"head_dim={head_dim} block={block_size} splits={splits}"
+        name += f"head_dim={head_dim} block={block_size} splits={splits} family={family}"
         if dtype != torch.float32 and not uses_mma:
             sys.exit(f"{name}: no tensor-core instructions in the PTX")
+        if kernel.metadata.shared > SM90_SHARED_BYTES:
+            sys.exit(f"{name}: {kernel.metadata.shared} B of shared memory, over sm_90's")
         print(f"{name}: ok (shared {kernel.metadata.shared} B, tensor cores {uses_mma})")
         if splits > 1:
             compile_kernel(

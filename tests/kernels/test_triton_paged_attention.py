@@ -125,3 +125,38 @@ def test_llama_shapes_bf16_on_gpu(make_paged_case, tolerances, num_splits) -> No
     specs = [(1000, 1), (700, 700), (2100, 300), (1024, 1), (77, 1)]
     case = make_paged_case(specs, 32, 8, 128, 16, dtype=torch.bfloat16, device="cuda")
     _assert_matches_reference(case, tolerances, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_decodes", [0, 1, 2])
+@pytest.mark.parametrize("num_splits", [None, 4])
+def test_leading_decodes_take_the_decode_launch(
+    make_paged_case, tolerances, num_decodes, num_splits
+) -> None:
+    """A mixed batch split into a decode launch (the leading one-token requests, split-KV
+    when asked) and a prefill launch gives the same result whatever the hint."""
+    specs = [(37, 1), (130, 1), (20, 20), (45, 13), (9, 1)]
+    case = make_paged_case(specs, 8, 2, 64, 16, dtype=torch.float16, seed=num_decodes)
+    _assert_matches_reference(case, tolerances, num_decodes=num_decodes, num_splits=num_splits)
+
+
+def test_num_decodes_out_of_range_is_refused(make_paged_case, ragged_specs) -> None:
+    case = make_paged_case(ragged_specs[16], 4, 2, 64, 16)
+    with pytest.raises(ValueError, match="num_decodes"):
+        kernels.paged_attention(*case.args(), num_decodes=len(ragged_specs[16]) + 1)
+
+
+def test_warm_up_runs_every_variant_it_names() -> None:
+    from kernels.triton_paged_attention import warm_up
+
+    names = warm_up(
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.float32,
+        device=torch.device("cpu"),
+        max_num_seqs=8,
+        max_blocks=4,
+    )
+    # Split-KV only exists on a GPU (the launcher never splits elsewhere).
+    assert names == ["decode", "prefill"]
