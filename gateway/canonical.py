@@ -71,6 +71,22 @@ Part = TextPart | ImagePart | AudioPart | FilePart | ToolCall | ToolResult
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+class ReasoningPiece(msgspec.Struct, omit_defaults=True):
+    """One block of an assistant turn's thinking, as its backend issued it. Anthropic (and
+    Claude on Bedrock) signs each thinking block on its own and wants every one back, signed,
+    in its place among the turn's other blocks (a tool loop with interleaved thinking has one
+    per step)."""
+
+    text: str = ""
+    signature: str | None = None
+    """The backend's own signature of ``text``."""
+    redacted: str | None = None
+    """Thinking the backend returned encrypted (Anthropic's ``redacted_thinking`` data), which
+    only that backend can read; ``text`` is then empty."""
+    at: int = 0
+    """Where it stands: the number of the message's parts before it."""
+
+
 class Message(msgspec.Struct, omit_defaults=True):
     """One turn. Assistant turns hold ``TextPart`` and ``ToolCall`` parts; a ``tool`` turn holds
     ``ToolResult`` parts (one or more); ``reasoning`` is an assistant turn's earlier thinking."""
@@ -79,9 +95,10 @@ class Message(msgspec.Struct, omit_defaults=True):
     parts: list[Part] = msgspec.field(default_factory=list)
     name: str | None = None
     reasoning: str | None = None
-    reasoning_signature: str | None = None
-    """The backend's own signature of ``reasoning`` (Anthropic signs its thinking blocks and
-    wants them back, signed, in later turns)."""
+    """All of the turn's readable thinking, joined (what a backend without pieces takes)."""
+    reasoning_pieces: list[ReasoningPiece] | None = None
+    """The same thinking block by block, each with its backend's signature, plus any redacted
+    blocks, when the turn came as blocks (Anthropic's) or from a backend that signs them."""
 
     def text(self) -> str:
         """The text parts joined (the tool results' text for a ``tool`` turn)."""
@@ -275,10 +292,19 @@ class ChoiceDelta(msgspec.Struct, omit_defaults=True):
     stop_sequence: str | None = None
     """The client's stop sequence that ended the choice, when the backend says which."""
     reasoning_signature: str = ""
-    """The backend's signature of the choice's reasoning so far, sent once it ended."""
+    """The backend's signature of the reasoning since the last signature: it ends that block
+    of thinking (the next reasoning starts another)."""
+    reasoning_redacted: str = ""
+    """A whole block of encrypted thinking (``ReasoningPiece.redacted``)."""
 
     def has_output(self) -> bool:
-        return bool(self.text or self.reasoning or self.refusal or self.tool_calls)
+        return bool(
+            self.text
+            or self.reasoning
+            or self.refusal
+            or self.tool_calls
+            or self.reasoning_redacted
+        )
 
 
 @dataclass(slots=True)
@@ -338,74 +364,3 @@ class Response:
 
 def text_message(role: Role, text: str, name: str | None = None) -> Message:
     return Message(role=role, parts=[TextPart(text)], name=name)
-
-
-class ResponseBuilder:
-    """Folds a stream of chunks into the whole ``Response`` (tool-call fragments joined)."""
-
-    def __init__(self) -> None:
-        self._text: dict[int, list[str]] = {}
-        self._reasoning: dict[int, list[str]] = {}
-        self._refusal: dict[int, list[str]] = {}
-        self._calls: dict[int, dict[int, list[str]]] = {}
-        self._call_heads: dict[int, dict[int, tuple[str, str]]] = {}
-        self._logprobs: dict[int, list[TokenLogprob]] = {}
-        self._finish: dict[int, FinishReason] = {}
-        self._stop_sequence: dict[int, str] = {}
-        self._signature: dict[int, str] = {}
-        self.usage: Usage | None = None
-        self.num_tokens = 0
-
-    def add(self, chunk: Chunk) -> None:
-        self.num_tokens += chunk.num_tokens
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-        for delta in chunk.choices:
-            i = delta.index
-            self._text.setdefault(i, [])
-            if delta.text:
-                self._text[i].append(delta.text)
-            if delta.reasoning:
-                self._reasoning.setdefault(i, []).append(delta.reasoning)
-            if delta.refusal:
-                self._refusal.setdefault(i, []).append(delta.refusal)
-            for call in delta.tool_calls or ():
-                heads = self._call_heads.setdefault(i, {})
-                if call.id is not None or call.index not in heads:
-                    heads[call.index] = (call.id or "", call.name or "")
-                self._calls.setdefault(i, {}).setdefault(call.index, []).append(call.arguments)
-            if delta.logprobs:
-                self._logprobs.setdefault(i, []).extend(delta.logprobs)
-            if delta.finish_reason is not None:
-                self._finish[i] = delta.finish_reason
-            if delta.stop_sequence is not None:
-                self._stop_sequence[i] = delta.stop_sequence
-            if delta.reasoning_signature:
-                self._signature[i] = delta.reasoning_signature
-
-    def build(self, raw: dict[str, Any] | None = None) -> Response:
-        choices = []
-        for i in sorted(self._text):
-            parts: list[Part] = [TextPart("".join(self._text[i]))]
-            heads = self._call_heads.get(i, {})
-            for k in sorted(heads):
-                call_id, name = heads[k]
-                parts.append(ToolCall(call_id, name, "".join(self._calls[i][k])))
-            reasoning = "".join(self._reasoning[i]) if i in self._reasoning else None
-            refusal = "".join(self._refusal[i]) if i in self._refusal else None
-            choices.append(
-                Choice(
-                    index=i,
-                    message=Message(
-                        "assistant",
-                        parts,
-                        reasoning=reasoning,
-                        reasoning_signature=self._signature.get(i),
-                    ),
-                    finish_reason=self._finish.get(i, "stop"),
-                    refusal=refusal,
-                    logprobs=self._logprobs.get(i),
-                    stop_sequence=self._stop_sequence.get(i),
-                )
-            )
-        return Response(choices, usage=self.usage, num_tokens=self.num_tokens, raw=raw)

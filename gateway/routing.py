@@ -31,11 +31,12 @@ import msgspec
 import yaml
 from redis.asyncio import Redis
 
-from gateway.canonical import ChatRequest, Chunk, Response, ResponseBuilder, Usage
+from gateway.canonical import ChatRequest, Chunk, Response, Usage
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import Provider, ProviderError
 from gateway.providers.hosted import Sessions
 from gateway.providers.openai import CONNECT_TIMEOUT_S
+from gateway.response_builder import ResponseBuilder
 from gateway.routing_config import ConfigError, Deployment, ModelRoute, RouteFactory
 from gateway.routing_discovery import Discovery
 from gateway.settings import Settings

@@ -21,6 +21,7 @@ from gateway.canonical import (
     OutputFormat,
     Part,
     ReasoningEffort,
+    ReasoningPiece,
     Sampling,
     TextPart,
     Thinking,
@@ -206,8 +207,7 @@ def _messages(body: _Prompt) -> list[Message]:
             continue
         results: list[Part] = []
         parts: list[Part] = []
-        reasoning: list[str] = []
-        signatures: list[str | None] = []
+        pieces: list[ReasoningPiece] = []
         for block in param.content:
             if isinstance(block, TextBlock):
                 parts.append(TextPart(block.text))
@@ -219,18 +219,23 @@ def _messages(body: _Prompt) -> list[Message]:
             elif isinstance(block, ToolResultBlock):
                 results.append(block.result())
             elif isinstance(block, ThinkingBlock):
-                reasoning.append(block.thinking)
-                signatures.append(block.signature)
-            # A redacted_thinking block is encrypted for Anthropic's own models: there is no
-            # text in it for any other backend to read.
+                # Its signature is the issuer's own by now, or None (the controller checked
+                # ours and left the issuer's in place), for the backend that issued it.
+                pieces.append(ReasoningPiece(block.thinking, block.signature, at=len(parts)))
+            elif isinstance(block, RedactedThinkingBlock):
+                # Encrypted thinking: an Anthropic deployment gets it back as it was. Any other
+                # backend cannot read it and goes without it, as Anthropic documents for its own
+                # models: a model that cannot read a thinking or redacted_thinking block sent
+                # back drops it without an error ("Preserved thinking", switching models
+                # mid-conversation), and those blocks may be omitted from earlier assistant
+                # turns ("Extended thinking", preserving thinking blocks).
+                pieces.append(ReasoningPiece(redacted=block.data, at=len(parts)))
         if results:
             out.append(Message("tool", results))
-        if parts or reasoning or not results:
-            # The issuer's signature of a single thinking block, for the backend that issued it
-            # (the controller has checked the gateway's own and left the issuer's in place).
-            signature = signatures[0] if len(signatures) == 1 else None
-            message = Message(param.role, parts, reasoning="".join(reasoning) or None)
-            message.reasoning_signature = signature or None
+        if parts or pieces or not results:
+            readable = [p.text for p in pieces if p.redacted is None]
+            message = Message(param.role, parts, reasoning="".join(readable) or None)
+            message.reasoning_pieces = pieces or None
             out.append(message)
     return out
 

@@ -18,6 +18,7 @@ from gateway.canonical import (
     ImagePart,
     Message,
     Part,
+    ReasoningPiece,
     Response,
     TextPart,
     ToolCall,
@@ -74,18 +75,29 @@ def _block(part: Part) -> dict[str, Any]:
     raise TypeError(f"no Anthropic block for {type(part).__name__}")
 
 
+def _thinking_block(piece: ReasoningPiece) -> dict[str, Any]:
+    if piece.redacted is not None:
+        return {"type": "redacted_thinking", "data": piece.redacted}
+    return {"type": "thinking", "thinking": piece.text, "signature": piece.signature}
+
+
 def _blocks(message: Message) -> list[dict[str, Any]]:
-    blocks = [_block(p) for p in message.parts if not (isinstance(p, TextPart) and not p.text)]
-    if message.role == "assistant" and message.reasoning and message.reasoning_signature:
-        # Anthropic wants an assistant turn's signed thinking back (it refuses a tool loop
-        # with thinking on without it); thinking it did not sign (another model's) it cannot
-        # take, and is left out.
-        thinking = {
-            "type": "thinking",
-            "thinking": message.reasoning,
-            "signature": message.reasoning_signature,
-        }
-        blocks.insert(0, thinking)
+    pieces: list[ReasoningPiece] = []
+    if message.role == "assistant":
+        # Anthropic wants an assistant turn's signed thinking back, each block with its own
+        # signature and in its place (it refuses a tool loop with thinking on without it), and
+        # its redacted blocks as they were; thinking it did not sign (another model's) it
+        # cannot take, and is left out.
+        pieces = [
+            p for p in message.reasoning_pieces or () if p.signature or p.redacted is not None
+        ]
+    blocks: list[dict[str, Any]] = []
+    for k, part in enumerate(message.parts):
+        while pieces and pieces[0].at <= k:
+            blocks.append(_thinking_block(pieces.pop(0)))
+        if not (isinstance(part, TextPart) and not part.text):
+            blocks.append(_block(part))
+    blocks.extend(map(_thinking_block, pieces))
     return blocks
 
 
@@ -164,7 +176,7 @@ def usage_of(raw: dict[str, Any] | None) -> Usage | None:
 def response_of(body: dict[str, Any]) -> Response:
     parts: list[Part] = []
     reasoning: list[str] = []
-    signatures: list[str] = []
+    pieces: list[ReasoningPiece] = []
     for block in body.get("content") or ():
         kind = block.get("type")
         if kind == "text":
@@ -173,15 +185,18 @@ def response_of(body: dict[str, Any]) -> Response:
             arguments = json.dumps(block.get("input") or {}, separators=(",", ":"))
             parts.append(ToolCall(block["id"], block["name"], arguments))
         elif kind == "thinking":
-            reasoning.append(block.get("thinking", ""))
-            signatures.append(block.get("signature") or "")
+            # Each block keeps its own signature: a signature covers its own block's text.
+            text = block.get("thinking", "")
+            reasoning.append(text)
+            pieces.append(ReasoningPiece(text, block.get("signature") or None, at=len(parts)))
+        elif kind == "redacted_thinking":
+            pieces.append(ReasoningPiece(redacted=block.get("data", ""), at=len(parts)))
     stop_reason = body.get("stop_reason") or "end_turn"
     message = Message(
         "assistant",
         parts,
         reasoning="".join(reasoning) if reasoning else None,
-        # A signature covers its own block's text: one block's holds for the joined text.
-        reasoning_signature=signatures[0] if len(signatures) == 1 and signatures[0] else None,
+        reasoning_pieces=pieces or None,
     )
     choice = Choice(
         0,
@@ -214,6 +229,8 @@ class StreamReader:
                 index = self._calls[event["index"]] = len(self._calls)
                 head = ToolCallDelta(index, id=block.get("id"), name=block.get("name"))
                 return Chunk([ChoiceDelta(tool_calls=[head])])
+            if block.get("type") == "redacted_thinking":
+                return Chunk([ChoiceDelta(reasoning_redacted=block.get("data", ""))])
             if block.get("type") == "text" and block.get("text"):
                 return Chunk([ChoiceDelta(text=block["text"])], num_tokens=1)
             return None

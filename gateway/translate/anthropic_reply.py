@@ -10,7 +10,15 @@ from typing import Any
 
 import msgspec
 
-from gateway.canonical import Chunk, Response, TextPart, ToolCall, Usage
+from gateway.canonical import (
+    Chunk,
+    Message,
+    ReasoningPiece,
+    Response,
+    TextPart,
+    ToolCall,
+    Usage,
+)
 
 STOP_REASONS = {
     "stop": "end_turn",
@@ -51,6 +59,21 @@ def tool_input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
+def _pieces(message: Message) -> list[ReasoningPiece]:
+    """The blocks of thinking to show: the backend's own, or all of its thinking as one."""
+    if message.reasoning_pieces:
+        return [p for p in message.reasoning_pieces if p.text or p.signature or p.redacted]
+    return [ReasoningPiece(message.reasoning)] if message.reasoning else []
+
+
+def _thinking_block(piece: ReasoningPiece, sign: Sign) -> dict[str, Any]:
+    if piece.redacted is not None:
+        # Encrypted by Anthropic, for Anthropic: it checks the block itself when it comes back.
+        return {"type": "redacted_thinking", "data": piece.redacted}
+    signature = sign(piece.text, piece.signature or "")
+    return {"type": "thinking", "thinking": piece.text, "signature": signature}
+
+
 def message_body(
     message_id: str,
     model: str,
@@ -63,11 +86,10 @@ def message_body(
     content: list[dict[str, Any]] = []
     stop_sequence = None
     if choice is not None:
-        thinking = choice.message.reasoning
-        if thinking:
-            signature = sign(thinking, choice.message.reasoning_signature or "")
-            content.append({"type": "thinking", "thinking": thinking, "signature": signature})
-        for part in choice.message.parts:
+        pieces = list(_pieces(choice.message))
+        for k, part in enumerate(choice.message.parts):
+            while pieces and pieces[0].at <= k:
+                content.append(_thinking_block(pieces.pop(0), sign))
             if isinstance(part, TextPart) and part.text:
                 content.append({"type": "text", "text": part.text})
             elif isinstance(part, ToolCall):
@@ -79,6 +101,7 @@ def message_body(
                         "input": tool_input(part.arguments),
                     }
                 )
+        content.extend(_thinking_block(piece, sign) for piece in pieces)
         stop_sequence = choice.stop_sequence
         finish_reason = choice.finish_reason or finish_reason
     if not content:
@@ -100,8 +123,9 @@ def event(name: str, payload: dict[str, Any]) -> bytes:
 
 
 class StreamWriter:
-    """One stream's events: content blocks opened and closed as the chunks' kinds change. A
-    thinking block ends with its ``signature_delta``, as Anthropic's do."""
+    """One stream's events: content blocks opened and closed as the chunks' kinds change, and a
+    thinking block also where the backend's signature ends it. A thinking block ends with its
+    ``signature_delta``, as Anthropic's do."""
 
     def __init__(self, sign: Sign) -> None:
         self._sign = sign
@@ -153,15 +177,22 @@ class StreamWriter:
     def chunk(self, chunk: Chunk) -> bytes:
         out = b""
         for choice in chunk.choices[:1]:
-            if choice.reasoning_signature:
-                self._upstream_signature = choice.reasoning_signature
-            if choice.reasoning:
+            if choice.reasoning or choice.reasoning_signature:
                 if self._open != "thinking":
                     out += self._block(
                         "thinking", {"type": "thinking", "thinking": "", "signature": ""}
                     )
-                self._thinking.append(choice.reasoning)
-                out += self._delta({"type": "thinking_delta", "thinking": choice.reasoning})
+                if choice.reasoning:
+                    self._thinking.append(choice.reasoning)
+                    out += self._delta({"type": "thinking_delta", "thinking": choice.reasoning})
+                if choice.reasoning_signature:
+                    # The backend's signature ends its block: the next thinking is another
+                    # block, with a signature of its own.
+                    self._upstream_signature = choice.reasoning_signature
+                    out += self._close()
+            if choice.reasoning_redacted:
+                redacted = {"type": "redacted_thinking", "data": choice.reasoning_redacted}
+                out += self._block("redacted_thinking", redacted) + self._close()
             if choice.text:
                 if self._open != "text":
                     out += self._block("text", {"type": "text", "text": ""})

@@ -125,6 +125,7 @@ def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
     anthropic = spec("anthropic", "plain")
     models += [
         {"name": "retry-once", "deployments": [spec("anthropic", "once-limited")]},
+        {"name": "anthropic-interleaved", "deployments": [spec("anthropic", "interleaved")]},
         {
             "name": "falls-back",
             "deployments": [spec("anthropic", "down")],

@@ -10,7 +10,10 @@ overloaded_error, ``bad`` 400 invalid_request_error; ``once-limited`` answers ev
 and the system prompt, plus each tool's name and description words; like Anthropic's, it
 refuses the fields it does not take (``max_tokens``, sampling, ``stream``, ...). With thinking
 on, an assistant turn that called a tool must start with the thinking block the fake issued,
-signature and all, as Anthropic's must.
+signature and all, as Anthropic's must. Model ``interleaved`` thinks in several blocks, as
+Claude does with interleaved thinking: a signed block, a ``redacted_thinking`` one, the text,
+another signed block, then the tool call; an assistant turn holding any of its thinking must
+hold all of it, in its place, exactly as issued (the text between may differ).
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ API_KEY = "ant-test-key"
 THINKING = "let me think"
 SIGNATURE = "EqQBCkYIBxgCKkD-fake-signature+/="
 """Shaped like Anthropic's (base64 with '+', '/', '=')."""
+INTERLEAVED_TEXT = "Let me check."
+INTERLEAVED: list[dict[str, Any]] = [
+    {"type": "thinking", "thinking": "first the city", "signature": "EqQBCkYIBxgCKkD-first+/="},
+    {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT+/="},
+    {"type": "text", "text": INTERLEAVED_TEXT},
+    {"type": "thinking", "thinking": "then its weather", "signature": "EqQBCkYIBxgCKkD-then+/="},
+]
+"""What model ``interleaved`` answers before its tool call, with thinking on."""
 _COUNTED_FIELDS = {
     "model",
     "messages",
@@ -92,7 +103,9 @@ class FakeAnthropic(FakeServer):
         )
         answer = plan(body["max_tokens"], tools, forced, last_user, body.get("stop_sequences"))
         blocks: list[dict[str, Any]] = []
-        if (body.get("thinking") or {}).get("type") in {"enabled", "adaptive"}:
+        if model == "interleaved" and answer.tool:
+            blocks += INTERLEAVED
+        elif (body.get("thinking") or {}).get("type") in {"enabled", "adaptive"}:
             blocks.append({"type": "thinking", "thinking": THINKING, "signature": SIGNATURE})
         if answer.tool:
             call = {
@@ -148,6 +161,13 @@ def _unsigned_tool_turn(body: dict[str, Any]) -> str | None:
         content = message["content"]
         if message["role"] != "assistant" or isinstance(content, str):
             continue
+        if body["model"] == "interleaved":
+            if _thinking_shape(content[: len(INTERLEAVED)]) != _thinking_shape(INTERLEAVED):
+                return (
+                    f"messages.{i}.content: thinking or redacted_thinking blocks in the latest "
+                    "assistant message cannot be modified"
+                )
+            continue
         if not any(block["type"] == "tool_use" for block in content):
             continue
         first = content[0]
@@ -160,6 +180,11 @@ def _unsigned_tool_turn(body: dict[str, Any]) -> str | None:
                 "tool use must start with its thinking block, as it was returned"
             )
     return None
+
+
+def _thinking_shape(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The blocks, with each text's own words left out (streamed text comes back spaced)."""
+    return [{"type": "text"} if b["type"] == "text" else b for b in blocks]
 
 
 async def _count_tokens(body: dict[str, Any], send: Any) -> None:
@@ -181,6 +206,8 @@ def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
             if word:
                 delta = {"type": "text_delta", "text": word + " "}
                 events.append({"type": "content_block_delta", "index": index, "delta": delta})
+    elif kind == "redacted_thinking":
+        events.append({"index": index, "content_block": block})
     elif kind == "thinking":
         events.append({"index": index, "content_block": {"type": "thinking", "thinking": ""}})
         delta = {"type": "thinking_delta", "thinking": block["thinking"]}

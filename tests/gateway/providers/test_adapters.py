@@ -14,7 +14,6 @@ from gateway.canonical import (
     Chunk,
     Message,
     OutputFormat,
-    ResponseBuilder,
     Sampling,
     TextPart,
     Tool,
@@ -25,6 +24,7 @@ from gateway.canonical import (
 )
 from gateway.providers.base import ProviderError
 from gateway.providers.openai import OpenAIProvider
+from gateway.response_builder import ResponseBuilder
 
 from ..api.servers import ServerThread, Upstream
 from .conftest import KINDS, ProviderFactory

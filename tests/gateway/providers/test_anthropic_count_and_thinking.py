@@ -145,3 +145,52 @@ def test_anthropics_signed_thinking_goes_back_to_it_in_a_tool_loop(
     # The fake, as Anthropic, refuses this turn unless its signed thinking block leads it.
     follow = claude.messages.create(**{**kwargs, "messages": turns})
     assert follow.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_interleaved_thinking_goes_back_block_by_block(
+    claude: anthropic.Anthropic, stream: bool
+) -> None:
+    """An answer with several thinking blocks (one of them redacted) between its text and tool
+    call: each signed block comes with its own signature, every block in its place, and all of
+    them go back to Anthropic as it issued them."""
+    ask: Any = [{"role": "user", "content": "what is the weather in Paris"}]
+    kwargs: dict[str, Any] = {
+        "model": "anthropic-interleaved",
+        "max_tokens": 2048,
+        "thinking": THINK,
+        "tools": [WEATHER],
+        "messages": ask,
+    }
+    if stream:
+        with claude.messages.stream(**kwargs) as events:
+            message = events.get_final_message()
+    else:
+        message = claude.messages.create(**kwargs)
+    kinds = [block.type for block in message.content]
+    assert kinds == ["thinking", "redacted_thinking", "text", "thinking", "tool_use"]
+    first, redacted, text, second, use = message.content
+    issued = fake_anthropic.INTERLEAVED
+    for block, original in ((first, issued[0]), (second, issued[3])):
+        assert block.type == "thinking" and block.thinking == original["thinking"]
+        assert block.signature.startswith("sg1.")
+        assert block.signature.endswith("." + original["signature"])
+    assert redacted.type == "redacted_thinking" and redacted.data == issued[1]["data"]
+    assert text.type == "text" and text.text.strip() == fake_anthropic.INTERLEAVED_TEXT
+    assert use.type == "tool_use"
+
+    turns: Any = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
+        },
+    ]
+    # The fake, as Anthropic, refuses the turn unless every block comes back as issued.
+    follow = claude.messages.create(**{**kwargs, "messages": turns})
+    assert follow.stop_reason == "end_turn"
+    # Another backend cannot read the redacted block and goes without it, as Anthropic's own
+    # models do with a block they cannot read; the signed thinking goes as text.
+    elsewhere = claude.messages.create(**{**kwargs, "model": "gemini-plain", "messages": turns})
+    assert elsewhere.stop_reason in {"end_turn", "max_tokens"}
