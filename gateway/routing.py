@@ -13,7 +13,8 @@ the model's next deployment, then to the models named in ``fallbacks``; a prompt
 a deployment (its ``context_window``, or a context-length error) moves to the models in
 ``context_window_fallbacks``. ``cooldown_failures`` failures in a row take a deployment out
 for ``cooldown_s`` (per replica), so a dead upstream gets a fast 503 instead of every client
-waiting for its timeout.
+waiting for its timeout; a failure its provider calls momentary (an engine's Redis blip) is
+retried and moved past like the others but does not count.
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ class Router:
                             return await self._context_fallback(route, request, start, exc, hold)
                         if not exc.retryable:
                             raise
-                        self.failed(deployment)
+                        self.failed(deployment, cool=exc.counts_toward_cooldown)
                         last_error = exc
                         delay = self._retry_delay(attempt, exc)
                         if delay is None or deployment.cooling():
@@ -321,8 +322,10 @@ class Router:
 
     # ---- outcomes ----------------------------------------------------------------------------
 
-    def failed(self, deployment: Deployment) -> None:
+    def failed(self, deployment: Deployment, cool: bool = True) -> None:
         UPSTREAM_ERRORS.labels(deployment.name).inc()
+        if not cool:
+            return
         deployment.failures += 1
         if deployment.failures >= self._settings.cooldown_failures:
             deployment.failures = 0

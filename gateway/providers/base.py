@@ -30,6 +30,10 @@ class ProviderError(Exception):
     """The request field at fault (OpenAI's path syntax, e.g. ``messages[1].content[0]``)."""
     retry_after_s: float | None = None
     """How long the upstream asked us to wait before trying it again (its ``retry-after``)."""
+    counts_toward_cooldown: bool = True
+    """False for a failure that says nothing about the deployment itself (our engines' Redis
+    unreachable for a moment, no worker at this instant): its availability is read afresh for
+    every request, so a cooldown would only stretch a blip into ``cooldown_s`` of 503s."""
 
     def __str__(self) -> str:
         return self.message

@@ -82,7 +82,7 @@ class EngineProvider:
         self._owns_client = self._redis is not redis
         reply_id = f"gw-{settings.instance_id}-{uuid.uuid4().hex[:8]}"
         self._replies = ReplyReader(self._redis, protocol.reply_stream(reply_id))
-        self.workers = EngineWorkers(self._redis, model)
+        self.workers = EngineWorkers(self._redis, model, settings.worker_heartbeat_ttl_s)
         self._watch = LivenessWatch(self._redis, model, settings, self.workers)
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -207,6 +207,7 @@ class EngineProvider:
                 retryable=True,
                 status_code=503,
                 code="no_worker_available",
+                counts_toward_cooldown=False,
             )
         return workers
 

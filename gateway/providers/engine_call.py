@@ -15,6 +15,8 @@ from gateway.providers.engine_wire import choice_delta
 
 REDIS_TIMEOUT_S = 2.0
 """How long one Redis command of the provider may take."""
+MOMENTARY = frozenset({"service_unavailable", "no_worker_available"})
+"""Failures of the moment, not of the deployment (see ``ProviderError.counts_toward_cooldown``)."""
 
 
 class EngineCall:
@@ -93,13 +95,14 @@ class EngineCall:
         return chunk
 
     def error(self, status: int, code: str, message: str, retryable: bool = False) -> ProviderError:
-        self.finished = code not in {"timeout", "service_unavailable", "no_worker_available"}
+        self.finished = code != "timeout" and code not in MOMENTARY
         return ProviderError(
             message,
             retryable=retryable or (not self.shown and status in {503, 504}),
             status_code=status,
             code=code,
             usage=Usage(self.prompt_tokens, self.delivered - self.unshown),
+            counts_toward_cooldown=code not in MOMENTARY,
         )
 
 
@@ -113,6 +116,7 @@ def redis_down(exc: BaseException) -> ProviderError:
         retryable=True,
         status_code=503,
         code="service_unavailable",
+        counts_toward_cooldown=False,
     )
 
 

@@ -2,6 +2,14 @@
 
 Workers announce themselves in the model's registry and keep an expiring heartbeat key each;
 ``live_workers`` reads both (cached briefly, one read shared by concurrent callers).
+
+The registry only ever loses the ids of dead workers, and only live workers prune it, so a
+registry that is gone altogether after workers were seen means Redis lost its data (a
+restart without persistence, a failover to an empty replica), not that the workers died:
+they announce themselves again at their next beat. Until then the workers last seen are
+trusted, for one heartbeat TTL from when the loss was found (as long as their own keys would
+have vouched for them), so a request arriving meanwhile is submitted (the workers recreate
+their consumer group and read it) rather than refused with a 503.
 ``pick_stream`` sends a request to the worker that served the same prompt prefix recently,
 when that worker is live, not out of KV room and not much busier than the least busy one;
 otherwise to the model's shared stream, which every worker reads.
@@ -10,6 +18,7 @@ otherwise to the model's shared stream, which every worker reads.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from redis.asyncio import Redis
@@ -18,6 +27,8 @@ from redis.exceptions import RedisError
 from engine import protocol
 from gateway.providers.engine_call import REDIS_TIMEOUT_S, redis_down, text
 
+logger = logging.getLogger("gateway.providers.engine")
+
 _WORKERS_CACHE_S = 0.25
 _AFFINITY_TTL_S = 600
 _AFFINITY_SLACK = 4
@@ -25,9 +36,13 @@ _AFFINITY_SLACK = 4
 
 
 class EngineWorkers:
-    def __init__(self, redis: Redis, model: str) -> None:
+    def __init__(self, redis: Redis, model: str, heartbeat_ttl_s: float) -> None:
         self._redis = redis
         self.model = model
+        self._ttl_s = heartbeat_ttl_s
+        self._sighting: dict[str, protocol.Heartbeat] = {}
+        """What the latest read of a present registry found (trusted when it vanishes)."""
+        self._registry_lost_at: float | None = None
         self.seen: dict[str, protocol.Heartbeat] = {}
         """The latest read's live workers (what ``unsupported`` judges a request by)."""
         self._seen_at = -1.0
@@ -63,8 +78,29 @@ class EngineWorkers:
                 continue
             if isinstance(beat, protocol.Heartbeat) and not beat.draining:
                 workers[beat.worker_id] = beat
+        if ids:
+            self._sighting, self._registry_lost_at = workers, None
+        elif self._sighting:
+            workers = self._trusted_sighting()
         self.seen, self._seen_at = workers, time.monotonic()
         return workers
+
+    def _trusted_sighting(self) -> dict[str, protocol.Heartbeat]:
+        """The registry is gone though workers were seen: Redis lost its data (see above)."""
+        now = time.monotonic()
+        if self._registry_lost_at is None:
+            self._registry_lost_at = now
+            logger.warning(
+                "the worker registry of %s is gone (Redis lost its data?): trusting the %d "
+                "workers last seen for %gs while they announce themselves again",
+                self.model,
+                len(self._sighting),
+                self._ttl_s,
+            )
+        if now - self._registry_lost_at < self._ttl_s:
+            return self._sighting
+        self._sighting = {}
+        return {}
 
     async def queue_ms(self) -> float:
         """How long a new request would wait for its first step: the shortest queue among the

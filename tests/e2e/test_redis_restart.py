@@ -93,9 +93,11 @@ def test_requests_get_503_during_a_redis_outage_and_service_resumes_after(
         assert time.monotonic() - began < 3.0, "a Redis outage must fail fast, not hang"
 
     private_redis.start()
-    # Redis came back empty: until every worker has beaten again a request may still get the
-    # documented "try again shortly" 503. The promise is that plain and streamed requests are
-    # both served again within the window, not that the first second after the restart is clean.
+    # Redis came back empty: the registry and heartbeat keys are gone until the worker beats
+    # again, but the gateway trusts the workers it saw meanwhile, so its router never answers
+    # "no deployment is available". What may fail is the first use of each connection the
+    # gateway pooled before the restart (the server closed them and the command is not retried
+    # on another): a 503 naming Redis. Only those are retried.
     assert until_served(ask), "service did not resume after Redis came back"
 
     def ask_streamed() -> str:
@@ -113,13 +115,15 @@ def test_requests_get_503_during_a_redis_outage_and_service_resumes_after(
 
 
 def until_served(ask: Callable[[], str], window_s: float = 30.0) -> str:
+    """``ask`` until it is answered; only a 503 naming Redis (a stale connection) may come first."""
     began = time.monotonic()
     while time.monotonic() - began < window_s:
         try:
             answer = ask()
         except openai.APIStatusError as exc:
             assert exc.status_code == 503, f"after Redis came back: {exc.status_code} {exc}"
-            time.sleep(0.2)
+            assert "Redis" in exc.message, f"after Redis came back: {exc}"
+            time.sleep(0.05)
             continue
         if answer:
             return answer
