@@ -36,6 +36,11 @@ import torch  # noqa: E402
 from bench.engine_throughput import build_model  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
+try:
+    from engine.sampler import SampledBatch
+except ImportError:  # older engines
+    SampledBatch = None  # type: ignore[assignment,misc]
+
 
 def mixed_params(index: int, steps: int) -> SamplingParams:
     kinds = [
@@ -79,13 +84,17 @@ def main() -> None:
         timed(engine.scheduler, "schedule", "schedule")
         timed(engine.runner.input_batch, "prepare", "prepare")
         timed(engine.runner, "run", "run")
-        timed(engine.sampler, "__call__", "sample")
-        timed(engine.scheduler, "postprocess", "postprocess")
         timed(engine, "_advance", "advance")
-
-        # Instance attributes do not reach a dunder call: route the engine through one.
-        sampler_call = engine.sampler.__call__
-        engine.sampler = sampler_call  # type: ignore[assignment]
+        if hasattr(engine.scheduler, "advance"):  # a step launched, then completed
+            timed(engine.scheduler, "advance", "postprocess")
+            timed(engine.scheduler, "record", "postprocess")
+            timed(engine.sampler, "sample", "sample")
+            timed(SampledBatch, "read", "sample")
+        else:  # older engines (comparisons across commits)
+            timed(engine.scheduler, "postprocess", "postprocess")
+            timed(engine.sampler, "__call__", "sample")
+            # Instance attributes do not reach a dunder call: route the engine through one.
+            engine.sampler = engine.sampler.__call__  # type: ignore[assignment]
 
         for index in range(args.seqs):
             params = (

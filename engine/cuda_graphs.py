@@ -22,6 +22,7 @@ import torch
 from engine.attention import AttentionBackend, AttentionMetadata
 from engine.compilation import step_metadata
 from engine.input_batch import StepArrays
+from engine.staging import PinnedStaging
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +57,7 @@ class DecodeGraphs:
         # then the block tables (n x max_blocks) last, so a step copies a prefix.
         self._offsets = [0, n, 2 * n, 3 * n, 4 * n, 5 * n + 1]
         capacity = self._offsets[-1] + n * max_blocks
-        self._host = torch.zeros(capacity, dtype=torch.int32, pin_memory=True)
-        self._host_np = self._host.numpy()
+        self._host = PinnedStaging(capacity)
         self._device = torch.zeros(capacity, dtype=torch.int32, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: tuple[int, int] | None = None
@@ -79,7 +79,7 @@ class DecodeGraphs:
     def _fill(self, step: StepArrays | None, size: int) -> None:
         """Write a step (or, for capture, an all-padding batch) into the pinned mirror and
         copy the used prefix to the device buffers."""
-        o, host = self._offsets, self._host_np
+        o, host = self._offsets, self._host.acquire()
         n = 0 if step is None else len(step.seq_lens)
         ids, pos, slots = host[o[0] : o[1]], host[o[1] : o[2]], host[o[2] : o[3]]
         seq_lens, cu = host[o[3] : o[4]], host[o[4] : o[5]]
@@ -92,7 +92,7 @@ class DecodeGraphs:
         tables[n:size] = 0
         cu[: size + 1] = np.arange(size + 1, dtype=np.int32)
         used = o[5] + size * self.max_blocks
-        self._device[:used].copy_(self._host[:used], non_blocking=True)
+        self._host.copy_to(self._device, used)
 
     def padded_size(self, step: StepArrays) -> int | None:
         n = len(step.seq_lens)

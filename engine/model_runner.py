@@ -15,6 +15,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import InputBatch, StepArrays
 from engine.models.llama import LlamaForCausalLM
 from engine.scheduler import SchedulerOutput
+from engine.staging import PinnedStaging
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,7 @@ class ModelRunner:
                 + 1
                 + max_num_seqs * self.input_batch.max_blocks
             )
-            self._staging = torch.empty(capacity, dtype=torch.int32, pin_memory=True)
-            self._staging_np = self._staging.numpy()
+            self._staging = PinnedStaging(capacity)
             self._device_staging = torch.empty(capacity, dtype=torch.int32, device=device)
         if device.type == "cuda" and self.backend.name == "triton":
             self._warm_up_kernels()
@@ -291,15 +291,15 @@ class ModelRunner:
             ids, positions, slots, seq_lens, cu, sample_rows = (torch.from_numpy(p) for p in parts)
             tables = torch.from_numpy(step.block_tables)
         else:
-            # One host-to-device copy from pinned memory for all of the step's inputs. The
-            # staging buffer is reused next step; the step's sampled tokens are read back on
-            # the host before that, which orders this copy before the next overwrite.
+            # One host-to-device copy from pinned memory for all of the step's inputs (the
+            # pinned buffers alternate, so preparing the next step never overwrites one whose
+            # copy is still queued: see engine.staging).
             flat = (*parts, step.block_tables.reshape(-1))
             sizes = [p.size for p in flat]
             total = sum(sizes)
-            np.concatenate(flat, out=self._staging_np[:total])
+            np.concatenate(flat, out=self._staging.acquire()[:total])
+            self._staging.copy_to(self._device_staging, total)
             device_flat = self._device_staging[:total]
-            device_flat.copy_(self._staging[:total], non_blocking=True)
             ids, positions, slots, seq_lens, cu, sample_rows, tables = device_flat.split(sizes)
             tables = tables.view(step.block_tables.shape)
         meta = AttentionMetadata(
