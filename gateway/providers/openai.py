@@ -24,6 +24,7 @@ import httpx
 import msgspec
 
 from gateway.canonical import ChatRequest, Chunk, Response, Usage
+from gateway.errors import redact
 from gateway.providers.base import ProviderError
 from gateway.providers.hosted import json_headers, with_traceparent
 from gateway.providers.http1 import Http1Pool, UpstreamConnectionError
@@ -57,7 +58,9 @@ def _error_from_response(status: int, raw: bytes, deployment: str) -> ProviderEr
         param = (_param_decoder.decode(raw).error or _Param()).param
     except (msgspec.DecodeError, msgspec.ValidationError):
         error, param = None, None
-    message = (error.message if error else "") or raw[:300].decode(errors="replace")
+    # What an upstream says may name where it lives (a proxy's "cannot reach 10.0.0.7:8000")
+    # or echo a key: the client, the logs and the fallback's last error get it redacted.
+    message = redact((error.message if error else "") or raw[:300].decode(errors="replace"))
     code = str(error.code) if error and error.code is not None else ""
     if status == 400 and (
         code == "context_length_exceeded" or any(h in message.lower() for h in _CONTEXT_HINTS)
@@ -128,12 +131,12 @@ class OpenAIProvider:
             )
             return response.status_code, response.content
         except (httpx.TimeoutException, TimeoutError) as exc:
-            logger.warning("deployment %s timed out: %r", self.name, exc)
+            _log_transport("timed out", self.name, exc)
             raise ProviderError(
                 f"deployment {self.name} timed out", retryable=True, status_code=502
             ) from exc
         except (httpx.TransportError, UpstreamConnectionError) as exc:
-            logger.warning("deployment %s unreachable: %r", self.name, exc)
+            _log_transport("unreachable", self.name, exc)
             raise ProviderError(
                 f"deployment {self.name} unreachable", retryable=True, status_code=502
             ) from exc
@@ -201,7 +204,7 @@ class OpenAIProvider:
                         chunk.num_tokens = 1
                     yield chunk
         except httpx.TransportError as exc:
-            logger.warning("deployment %s failed mid-stream: %r", self.name, exc)
+            _log_transport("failed mid-stream", self.name, exc)
             raise ProviderError(
                 f"deployment {self.name} failed", retryable=not started, status_code=502
             ) from exc
@@ -232,6 +235,15 @@ class OpenAIProvider:
         """Closes this deployment's keep-alive pool; the shared httpx client is the router's."""
         if self._fast is not None:
             await self._fast.aclose()
+
+
+def _log_transport(what: str, deployment: str, exc: BaseException) -> None:
+    """A transport failure, by the deployment's name and the exception's type: its text names
+    the upstream's host and port, which stay out of INFO/WARNING logs (DEBUG has them)."""
+    cause = exc.__cause__
+    kind = type(exc).__name__ + (f" ({type(cause).__name__})" if cause is not None else "")
+    logger.warning("deployment %s %s: %s", deployment, what, kind)
+    logger.debug("deployment %s %s: %r", deployment, what, exc)
 
 
 def _path(request: ChatRequest) -> str:
