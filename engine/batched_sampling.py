@@ -64,7 +64,9 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     """Row i's token drawn from ``probs[i]`` (unnormalised is fine) at ``uniforms[i]`` in
     [0, 1): the first token whose cumulative mass exceeds ``u`` x the row's total. A token of
     zero mass spans an empty interval, so it is never drawn."""
-    cdf = probs.cumsum(dim=-1)
+    # In float64: a float32 running sum over a large vocabulary drifts by ~1e-3 at its end,
+    # which would hand the tail tokens the wrong mass.
+    cdf = probs.to(torch.float64).cumsum(dim=-1)
     total = cdf[:, -1:]
     target = (uniforms.to(cdf.dtype)[:, None] * total).minimum(total.nextafter(total.new_zeros(())))
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
@@ -107,6 +109,8 @@ def filter_logits(
         # How many of the sorted values have less than top_p above them (>= 1: the first
         # has nothing above it); the last of those is the smallest probability kept.
         keep = ((values.cumsum(dim=-1) - values) < threshold).sum(dim=-1, keepdim=True)
+        # A top_p below float32's smallest value reads as 0 and keeps nothing: keep the first.
+        keep.clamp_(min=1)
         smallest = values.gather(1, keep - 1)
         cut[rows] |= subset < smallest
     return logits.masked_fill_(cut, float("-inf"))

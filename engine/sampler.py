@@ -117,7 +117,7 @@ class _SlotParams:
         slot = self.free.pop()
         self.seqs[id(seq)] = (seq, slot)
         p, c = seq.params, self.columns
-        c["temperature"][slot] = p.temperature if p.temperature > 0 else 1.0
+        c["temperature"][slot] = 1.0 if p.greedy else p.temperature
         c["top_k"][slot] = p.top_k if p.top_k > 0 else self.vocab
         c["top_p"][slot], c["min_p"][slot] = p.top_p, p.min_p
         c["seed"][slot] = (p.seed & _SEED_MASK) if p.seed is not None else 0

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily (as vLLM does): dividing float32 logits by one
+overflows them to inf, and the softmax of an inf row is NaN, not the argmax."""
+
 
 @dataclass
 class SamplingParams:
-    """How one request picks its tokens. ``temperature == 0`` means greedy.
+    """How one request picks its tokens. ``temperature`` 0 (or below ``GREEDY_BELOW``) means
+    greedy.
 
     ``seed`` makes a request reproducible whatever else shares its batch: the random draw for
     each output token is derived from ``(seed, output position)`` only.
@@ -63,7 +68,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

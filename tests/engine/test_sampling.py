@@ -84,6 +84,18 @@ def test_greedy_takes_the_argmax() -> None:
     assert freqs[0] == 1.0
 
 
+@pytest.mark.parametrize("temperature", [1e-50, 1e-40, 1e-6])
+def test_a_vanishing_temperature_is_greedy(temperature: float) -> None:
+    # 1e-50 is 0 in float32; 1e-40 a float32 subnormal that overflows the logits to inf.
+    assert draw(SamplingParams(temperature=temperature))[0] == 1.0
+
+
+@pytest.mark.parametrize("top_p", [1e-50, 1e-9])
+def test_a_vanishing_top_p_keeps_the_top_token(top_p: float) -> None:
+    # A top_p float32 reads as 0 once kept nothing and failed the step of every request.
+    assert draw(SamplingParams(temperature=0.8, top_p=top_p))[0] == 1.0
+
+
 def test_seeded_draw_ignores_batch_mates() -> None:
     vocab = 50
     logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3))
