@@ -5,7 +5,14 @@ and ``background`` are a 400 naming the field, as is any field or tool type the 
 cannot honour; unknown fields are refused by msgspec (named in the 400). ``input`` is a string
 or items: messages (``input_text`` / ``input_image`` / ``output_text`` parts),
 ``function_call`` and ``function_call_output`` items, and ``reasoning`` items (their text
-becomes the next assistant turn's reasoning).
+becomes the reasoning of the assistant output item right after them).
+
+What no backend behind the gateway can honour is a 400 naming it too: reasoning summaries
+(``reasoning.summary``: the gateway returns a model's reasoning as it is, never a summary of
+it, as OpenAI itself refuses the field for models without a summarizer), encrypted reasoning
+(``encrypted_content``: only the OpenAI deployment that issued it can read it, and the
+gateway never issues it), tools loaded on demand (``defer_loading``: that needs OpenAI's
+hosted tool search) and images by ``file_id`` (the gateway has no file store).
 """
 
 from __future__ import annotations
@@ -183,7 +190,7 @@ class ResponsesRequest(_Wire):
         return out
 
     def check(self) -> None:
-        """The 400 for what a stateless gateway cannot honour."""
+        """The 400 for what a stateless gateway, or every backend behind it, cannot honour."""
         if self.previous_response_id is not None:
             raise InvalidRequest(
                 "previous_response_id is not supported: this gateway stores no responses "
@@ -209,6 +216,23 @@ class ResponsesRequest(_Wire):
                 raise InvalidRequest(
                     f"include value '{item}' is not supported", param=f"include[{i}]"
                 )
+        reasoning = self.reasoning
+        for name in ("summary", "generate_summary"):
+            if reasoning is not None and getattr(reasoning, name) is not None:
+                raise InvalidRequest(
+                    f"'reasoning.{name}' is not supported: the models behind this gateway "
+                    "return their reasoning as it is (reasoning_text content), not a summary "
+                    "of it. Leave the field out to receive that reasoning.",
+                    param=f"reasoning.{name}",
+                )
+        for i, tool in enumerate(self.tools or ()):
+            if tool.defer_loading:
+                raise InvalidRequest(
+                    "'defer_loading' is not supported: a deferred tool is loaded by OpenAI's "
+                    "hosted tool search, which this gateway does not offer. Send the tool "
+                    "without it.",
+                    param=f"tools[{i}].defer_loading",
+                )
 
 
 _EFFORT: dict[str, ReasoningEffort] = {
@@ -221,6 +245,19 @@ _EFFORT: dict[str, ReasoningEffort] = {
 }
 
 
+def _image(part: InputImage, param: str) -> ImagePart:
+    if part.image_url is None:
+        raise InvalidRequest("images by file_id are not supported (send image_url)", param=param)
+    if part.file_id is not None:
+        raise InvalidRequest(
+            "an image takes image_url or file_id, not both (file_id is not supported)",
+            param=f"{param}.file_id",
+        )
+    # Every detail, "original" included, goes on as sent: an OpenAI-compatible backend reads
+    # it (or refuses a value it does not know, naming it).
+    return ImagePart(part.image_url, part.detail)
+
+
 def _content(item: MessageItem, index: int) -> list[Part]:
     if isinstance(item.content, str):
         return [TextPart(item.content)]
@@ -230,15 +267,37 @@ def _content(item: MessageItem, index: int) -> list[Part]:
             parts.append(TextPart(part.text))
         elif isinstance(part, Refusal):
             parts.append(TextPart(part.refusal))
-        elif part.image_url is None:
-            raise InvalidRequest(
-                "images by file_id are not supported (send image_url)",
-                param=f"input[{index}].content[{j}]",
-            )
         else:
-            detail = part.detail if part.detail in {"low", "high", "auto"} else None
-            parts.append(ImagePart(part.image_url, detail))
+            parts.append(_image(part, f"input[{index}].content[{j}]"))
     return parts
+
+
+def _tool_output(item: FunctionCallOutputItem, index: int) -> list[TextPart | ImagePart]:
+    if isinstance(item.output, str):
+        return [TextPart(item.output)]
+    return [
+        TextPart(p.text) if isinstance(p, InputText) else _image(p, f"input[{index}].output[{j}]")
+        for j, p in enumerate(item.output)
+    ]
+
+
+def _reasoning(item: ReasoningItem, index: int) -> list[str]:
+    if item.encrypted_content is not None:
+        raise InvalidRequest(
+            "encrypted reasoning is not supported: only the OpenAI deployment that issued it "
+            "can read it, and this gateway never issues it. Leave encrypted_content out (the "
+            "item's summary and content are read).",
+            param=f"input[{index}].encrypted_content",
+        )
+    return [s.text for s in item.summary] + [c.text for c in item.content or ()]
+
+
+def _orphan(index: int) -> InvalidRequest:
+    return InvalidRequest(
+        "a reasoning item must come right before the assistant output it led to (an "
+        "assistant message or a function_call item); nothing here can carry it. Leave it out.",
+        param=f"input[{index}]",
+    )
 
 
 def _messages(body: ResponsesRequest) -> list[Message]:
@@ -250,35 +309,38 @@ def _messages(body: ResponsesRequest) -> list[Message]:
         out.append(Message("user", [TextPart(body.input)]))
         return out
     reasoning: list[str] = []
+    first_reasoning = 0
     for i, item in enumerate(body.items()):
         if isinstance(item, ReasoningItem):
-            reasoning += [s.text for s in item.summary] + [c.text for c in item.content or ()]
+            first_reasoning = i if not reasoning else first_reasoning
+            reasoning += _reasoning(item, i) or [""]
             continue
         if isinstance(item, MessageItem):
             message = Message(item.role, _content(item, i))
         elif isinstance(item, FunctionCallItem):
             call = ToolCall(item.call_id, item.name, item.arguments)
             last = out[-1] if out else None
-            # Parallel calls arrive as consecutive items: one assistant turn holds them all.
-            if last is not None and last.role == "assistant" and last.tool_calls():
+            # Parallel calls arrive as consecutive items: one assistant turn holds them all
+            # (a reasoning item between two calls starts the next turn instead).
+            if (
+                last is not None
+                and last.role == "assistant"
+                and last.tool_calls()
+                and not reasoning
+            ):
                 last.parts.append(call)
                 continue
             message = Message("assistant", [call])
         else:
-            output = item.output
-            parts: list[TextPart | ImagePart] = (
-                [TextPart(output)]
-                if isinstance(output, str)
-                else [
-                    TextPart(p.text) if isinstance(p, InputText) else ImagePart(p.image_url or "")
-                    for p in output
-                ]
-            )
-            message = Message("tool", [ToolResult(item.call_id, parts)])
-        if message.role == "assistant" and reasoning:
-            message.reasoning = "".join(reasoning)
+            message = Message("tool", [ToolResult(item.call_id, _tool_output(item, i))])
+        if reasoning:
+            if message.role != "assistant":
+                raise _orphan(first_reasoning)
+            message.reasoning = "".join(reasoning) or None
             reasoning = []
         out.append(message)
+    if reasoning:
+        raise _orphan(first_reasoning)
     return out
 
 
