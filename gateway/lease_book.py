@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -30,6 +32,18 @@ logger = logging.getLogger(__name__)
 
 _REAP_EVERY_S = 1.0
 
+SETTLE_RETRY_LIMIT_S = 3600.0
+"""How long a settle that failed (Redis unreachable) is retried from the renewal loop before
+it is given up with an error (its lease stays stored: a peer settles it once this replica
+stops). Retries run only after a renewal succeeded, so this is an hour of Redis answering
+renewals but not this settle: something other than an outage is broken."""
+
+
+@dataclass(slots=True)
+class _PendingSettle:
+    attempt: Callable[[], Awaitable[None]]
+    since: float
+
 
 class LeaseBook:
     """This replica's leases: stored by admission, renewed in bulk, released by settlement;
@@ -50,6 +64,8 @@ class LeaseBook:
         self._leases: dict[str, Lease] = {}
         self._hashes: set[str] = set()
         """Lease hashes this replica named in its set (and so may store leases in)."""
+        self._pending: dict[str, _PendingSettle] = {}
+        """Requests whose settle failed (Redis unreachable): retried by the renewal loop."""
         self._task: asyncio.Task[None] | None = None
         self._writes: set[asyncio.Task[None]] = set()
         self._reaper = LeaseReaper(redis, self.instance_id, self._replicas, limiter, recorder)
@@ -120,8 +136,54 @@ class LeaseBook:
                 await self._redis.eval(RENEW_LUA, len(keys), *keys, *args)
 
     def forget(self, request_id: str) -> None:
-        """The request is being settled here (which releases its stored lease)."""
+        """The request was settled here (which released its stored lease)."""
         self._leases.pop(request_id, None)
+
+    def settle_later(
+        self,
+        request_id: str,
+        attempt: Callable[[], Awaitable[None]],
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        """The request ended but its settle could not reach Redis: keep renewing its lease,
+        now with the final counts (so a peer bills them if this replica dies), and run
+        ``attempt`` (idempotent, as any settle) from the renewal loop until it lands."""
+        lease = self._leases.get(request_id)
+        if lease is not None:
+            lease.prompt_tokens = prompt_tokens
+            lease.delivered_tokens = completion_tokens
+            lease.first_token = lease.first_token or prompt_tokens + completion_tokens > 0
+        self._pending[request_id] = _PendingSettle(attempt, time.monotonic())
+        logger.warning("settle of %s deferred: Redis unreachable; retrying", request_id)
+
+    @property
+    def pending_settles(self) -> int:
+        return len(self._pending)
+
+    async def settle_pending(self) -> None:
+        """Retry the settles Redis refused; stop at the first failure (Redis is away)."""
+        for request_id, pending in list(self._pending.items()):
+            try:
+                await pending.attempt()
+            except RedisError as exc:
+                waited = time.monotonic() - pending.since
+                if waited < SETTLE_RETRY_LIMIT_S:
+                    return
+                del self._pending[request_id]
+                self._leases.pop(request_id, None)
+                logger.error(
+                    "gave up settling %s after %.0f s (%s); a peer settles its stored lease "
+                    "once this replica stops",
+                    request_id,
+                    waited,
+                    exc,
+                )
+                continue
+            del self._pending[request_id]
+            self._leases.pop(request_id, None)
+            logger.info("settled %s after Redis came back", request_id)
 
     async def renew(self) -> None:
         """Rewrite the stored leases with the current ones and extend this replica's life.
@@ -156,6 +218,10 @@ class LeaseBook:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._pending:
+            # A last try on the way out; what still fails stays stored for a peer's reaper.
+            with contextlib.suppress(RedisError):
+                await self.settle_pending()
 
     async def _run(self) -> None:
         renew_every = self.lease_s / 3
@@ -165,6 +231,8 @@ class LeaseBook:
                 if time.monotonic() >= next_renewal:
                     await self.renew()
                     next_renewal = time.monotonic() + renew_every
+                if self._pending:
+                    await self.settle_pending()
                 await self.reap()
             except RedisError as exc:
                 logger.warning("leases: redis unavailable (%s); retrying", exc)

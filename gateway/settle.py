@@ -5,6 +5,7 @@ record the outcome. Runs once per admitted call, whatever its end."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -50,20 +51,35 @@ async def settle(call: Call) -> None:
         finished_at=time.time(),
     )
     services = call.services
-    if services.leases is not None:
-        services.leases.forget(call.request_id)
+    settled = False
     for attempt in range(_SETTLE_ATTEMPTS):
         try:
             await _settle_and_record(call, event, billed_total, cost)
+            settled = True
             break
         except RedisError:
             # A pooled connection Redis closed (restart, failover) fails once; settling again
             # is safe: the held marker lets only one settle move the counters, and usage rows
             # are idempotent on request id.
-            if attempt + 1 == _SETTLE_ATTEMPTS:
-                logger.exception("could not settle %s or record its usage", call.request_id)
-            else:
+            if attempt + 1 < _SETTLE_ATTEMPTS:
                 await asyncio.sleep(0.2 * 2**attempt)
+    leases = services.leases
+    if settled:
+        if leases is not None:
+            # Only now: until the settle landed, the lease is what gets this request counted.
+            leases.forget(call.request_id)
+    elif leases is not None:
+        # Redis is away for longer than the attempts: the lease stays renewed with the final
+        # counts (a peer settles it if this replica dies meanwhile) and the renewal loop
+        # settles it once Redis is back.
+        leases.settle_later(
+            call.request_id,
+            functools.partial(_settle_and_record, call, event, billed_total, cost),
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+        )
+    else:
+        logger.error("could not settle %s or record its usage: Redis unreachable", call.request_id)
     metrics = model_metrics(call.public_model)
     metrics.requests(call.status).inc()
     metrics.prompt_tokens.inc(usage.prompt_tokens)
