@@ -66,6 +66,20 @@ FINISH_REASONS = {
     "PROHIBITED_CONTENT": "content_filter",
     "SPII": "content_filter",
 }
+_REFUSING_STATUSES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "FAILED_PRECONDITION"})
+"""Google's error statuses that fault the deployment: its credentials, or its project (Gemini
+answers FAILED_PRECONDITION where the free tier is not offered and billing is off)."""
+_REFUSING_REASONS = frozenset(
+    {
+        "SERVICE_DISABLED",
+        "BILLING_DISABLED",
+        "CONSUMER_INVALID",
+        "CONSUMER_SUSPENDED",
+        "ACCESS_TOKEN_EXPIRED",
+        "ACCESS_TOKEN_SCOPE_INSUFFICIENT",
+    }
+)
+"""``google.rpc.ErrorInfo`` reasons that fault the deployment, besides every ``API_KEY_*``."""
 _EFFORT_BUDGET = {"none": 0, "minimal": 512, "low": 1024, "medium": 8192, "high": 24576}
 
 
@@ -163,6 +177,30 @@ def usage_of(raw: dict[str, Any] | None) -> Usage | None:
     )
 
 
+def refused(status: int, raw: bytes) -> bool:
+    """Whether Google refused the deployment rather than the request. A bad key is not a 401:
+    it is ``400 INVALID_ARGUMENT`` whose ``details`` hold an ``ErrorInfo`` with reason
+    ``API_KEY_INVALID`` (Google's error model: ``{"error": {code, message, status, details}}``)."""
+    try:
+        error = json.loads(raw)
+    except ValueError:
+        return False
+    if isinstance(error, list) and error:
+        error = error[0]
+    error = error.get("error") if isinstance(error, dict) else None
+    if not isinstance(error, dict):
+        return False
+    if error.get("status") in _REFUSING_STATUSES:
+        return True
+    for detail in error.get("details") or ():
+        reason = detail.get("reason") if isinstance(detail, dict) else None
+        if isinstance(reason, str) and (
+            reason.startswith("API_KEY_") or reason in _REFUSING_REASONS
+        ):
+            return True
+    return False
+
+
 class _Calls:
     """Gemini's function calls carry no id (or an optional one): number them per choice."""
 
@@ -218,7 +256,7 @@ class GeminiProvider(HostedProvider):
         base_url: str = DEFAULT_BASE_URL,
         read_timeout_s: float = 600.0,
     ) -> None:
-        super().__init__(name, model, sessions, read_timeout_s)
+        super().__init__(name, model, sessions, read_timeout_s, refusal=refused)
         self._base = f"{base_url.rstrip('/')}/v1beta/models/{model}"
         self._headers = json_headers("x-goog-api-key", api_key)
 

@@ -4,7 +4,8 @@ One aiohttp session (``Sessions``, the router's) carries plain and TLS, streamed
 calls; ``HostedProvider`` is what the adapters share (name, model, whole answers read alike).
 Failures map onto ``ProviderError`` the same way for every hosted API: connect errors,
 timeouts, 5xx, 529 and 429 are ``retryable`` (a ``retry-after`` is kept so the router can honour
-it); 401/403/404 mean this deployment is misconfigured, so they are retryable too and the
+it); 401/403/404 mean this deployment is misconfigured (as does any answer an adapter's
+``Refusal`` recognises: Gemini's bad key is a 400), so they are retryable too and the
 upstream's words go to the operator's log, not to the client; any other 4xx is the client's
 request at fault and its message is passed on. A stream that breaks, sends an unreadable event
 or ends early is retryable until output reached the client (``StreamGuard``). Messages name the
@@ -77,11 +78,17 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
 
 
 def status_error(
-    deployment: str, status: int, message: str, headers: Mapping[str, str] | None = None
+    deployment: str,
+    status: int,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    refused: bool = False,
 ) -> ProviderError:
-    """The ``ProviderError`` for an upstream's non-2xx answer."""
+    """The ``ProviderError`` for an upstream's non-2xx answer. ``refused``: the upstream said,
+    whatever its status, that it refuses this deployment (its key, project or billing)."""
     message = redact(message.strip())[:500]
-    if status in {401, 403, 404}:
+    if refused or status in {401, 403, 404}:
         logger.warning("deployment %s refused the call (%d): %s", deployment, status, message)
         return ProviderError(
             f"deployment {deployment} refused the gateway's call ({status})",
@@ -118,6 +125,11 @@ class Sessions:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+Refusal = Callable[[int, bytes], bool]
+"""Whether an upstream's error answer (status, body) refuses the deployment itself, for APIs
+that say so with a status of their own (Gemini answers a bad key with a 400)."""
 
 
 TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
@@ -190,10 +202,21 @@ class HostedClient:
     """One deployment's calls over the shared aiohttp session: plain and TLS, whole and
     streamed (bench/upstream_clients.py: ~5x less CPU per call than httpx)."""
 
-    def __init__(self, name: str, sessions: Sessions, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        sessions: Sessions,
+        read_timeout_s: float,
+        refusal: Refusal | None = None,
+    ) -> None:
         self.name = name
         self._sessions = sessions
         self._read_timeout_s = read_timeout_s
+        self._refusal = refusal
+
+    def _status_error(self, status: int, raw: bytes, headers: Mapping[str, str]) -> ProviderError:
+        refused = self._refusal is not None and self._refusal(status, raw)
+        return status_error(self.name, status, error_message(raw), headers, refused=refused)
 
     def _timeout(self, request: ChatRequest) -> aiohttp.ClientTimeout:
         # A whole answer is bounded by the request's deadline, not a first-token timeout.
@@ -217,7 +240,7 @@ class HostedClient:
         except TRANSPORT_ERRORS as exc:
             raise self._transport_error(exc) from None
         if response.status >= 300:
-            raise status_error(self.name, response.status, error_message(content), response.headers)
+            raise self._status_error(response.status, content, response.headers)
         return content, response.headers
 
     @asynccontextmanager
@@ -241,7 +264,7 @@ class HostedClient:
                     raw = await response.read()
                 except TRANSPORT_ERRORS as exc:
                     raise self._transport_error(exc) from None
-                raise status_error(self.name, response.status, error_message(raw), response.headers)
+                raise self._status_error(response.status, raw, response.headers)
             yield StreamedResponse(response)
         finally:
             response.release()
@@ -251,10 +274,17 @@ class HostedProvider:
     """What every hosted deployment shares: its name and model, its calls over the router's
     aiohttp session, whole answers read the same way."""
 
-    def __init__(self, name: str, model: str, sessions: Sessions, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: str,
+        sessions: Sessions,
+        read_timeout_s: float,
+        refusal: Refusal | None = None,
+    ) -> None:
         self.name = name
         self.model = model
-        self._http = HostedClient(name, sessions, read_timeout_s)
+        self._http = HostedClient(name, sessions, read_timeout_s, refusal)
 
     async def _answer(
         self,

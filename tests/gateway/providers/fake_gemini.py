@@ -1,10 +1,12 @@
 """A fake Google AI Gemini API: ``models/{m}:generateContent`` and
 ``:streamGenerateContent?alt=sse``, per its docs.
 
-Requires ``x-goog-api-key: gem-test-key``. Answers by the shared fake model (fake_common.py),
+Requires ``x-goog-api-key: gem-test-key``; any other key is refused as Google refuses it: a
+400 INVALID_ARGUMENT whose ``details`` hold an ErrorInfo with reason API_KEY_INVALID. Answers by the shared fake model (fake_common.py),
 ``candidateCount`` candidates of it; ``thinkingConfig.includeThoughts`` adds a thought part.
 Errors use Google's ``{"error": {"code", "message", "status"}}``: ``limited`` 429
-RESOURCE_EXHAUSTED, ``down`` 503 UNAVAILABLE, ``bad`` 400 INVALID_ARGUMENT.
+RESOURCE_EXHAUSTED, ``down`` 503 UNAVAILABLE, ``bad`` 400 INVALID_ARGUMENT, ``unbilled`` 400
+FAILED_PRECONDITION (the free tier is not offered where the project is and billing is off).
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ _ERRORS = {
     "limited": (429, "RESOURCE_EXHAUSTED", "Resource has been exhausted (e.g. check quota)."),
     "down": (503, "UNAVAILABLE", "The model is overloaded. Please try again later."),
     "bad": (400, "INVALID_ARGUMENT", "Request contains an invalid argument."),
+    "unbilled": (
+        400,
+        "FAILED_PRECONDITION",
+        "Gemini API free tier is not available in your country. Please enable billing.",
+    ),
 }
+BAD_KEY_MESSAGE = "API key not valid. Please pass a valid API key."
 
 
 def _error(code: int, status: str, message: str) -> dict[str, Any]:
@@ -45,9 +53,21 @@ class FakeGemini(FakeServer):
             return await send_json(send, 404, _error(404, "NOT_FOUND", "not found"))
         model, method = path[len(prefix) :].rsplit(":", 1)
         if headers.get("x-goog-api-key") != API_KEY:
-            return await send_json(
-                send, 403, _error(403, "PERMISSION_DENIED", "Permission denied: bad API key")
-            )
+            error = _error(400, "INVALID_ARGUMENT", BAD_KEY_MESSAGE)
+            error["error"]["details"] = [
+                {
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "API_KEY_INVALID",
+                    "domain": "googleapis.com",
+                    "metadata": {"service": "generativelanguage.googleapis.com"},
+                },
+                {
+                    "@type": "type.googleapis.com/google.rpc.LocalizedMessage",
+                    "locale": "en-US",
+                    "message": BAD_KEY_MESSAGE,
+                },
+            ]
+            return await send_json(send, 400, error)
         self.calls[model] += 1
         if model in _ERRORS:
             code, status, message = _ERRORS[model]
