@@ -1,7 +1,7 @@
 """Public model names -> deployments: selection, and the one fallback loop.
 
 Routes come from the routing YAML (routing_config.py) or, without one, from the engine workers'
-heartbeats (routing_discovery.py). Selection is weighted least-outstanding: the deployment
+heartbeats (routing_discovery.py); a streamed answer is a ``Generation`` (routing_stream.py). Selection is weighted least-outstanding: the deployment
 with the fewest requests in flight per unit of weight first (ties broken at random); a model
 with ``spill_over`` keeps its listed order instead, and moves an engine deployment behind the
 others while its workers say a new request would queue longer than ``max_queue_ms``.
@@ -23,7 +23,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,14 +32,14 @@ import msgspec
 import yaml
 from redis.asyncio import Redis
 
-from gateway.canonical import ChatRequest, Chunk, Response, Usage
+from gateway.canonical import ChatRequest, Response, Usage
 from gateway.errors import ServiceUnavailable
-from gateway.providers.base import Provider, ProviderError
+from gateway.providers.base import ProviderError
 from gateway.providers.hosted import Sessions
 from gateway.providers.openai import CONNECT_TIMEOUT_S
-from gateway.response_builder import ResponseBuilder
 from gateway.routing_config import ConfigError, Deployment, ModelRoute, RouteFactory
 from gateway.routing_discovery import Discovery
+from gateway.routing_stream import Generation, collect
 from gateway.settings import Settings
 from gateway.telemetry import UPSTREAM_ERRORS
 
@@ -57,55 +57,6 @@ def prompt_estimate(request: ChatRequest) -> int:
     if isinstance(prompt, list):
         return len(prompt)
     return math.ceil(len(prompt or "") / _PROMPT_CHARS_PER_TOKEN)
-
-
-class Generation:
-    """One request's stream through ``Router.serve``; ``deployment`` names who serves it."""
-
-    def __init__(self, router: Router, route: ModelRoute, request: ChatRequest) -> None:
-        self._router = router
-        self._route = route
-        self._request = request
-        self.deployment: Deployment | None = None
-        self._iterator = self._run()
-
-    def __aiter__(self) -> AsyncIterator[Chunk]:
-        return self._iterator
-
-    async def aclose(self) -> None:
-        await self._iterator.aclose()
-
-    async def _start(self, deployment: Deployment) -> tuple[AsyncIterator[Chunk], Chunk]:
-        self.deployment = deployment
-        chunks = aiter(deployment.provider.generate(self._request))
-        try:
-            first = await anext(chunks)
-        except StopAsyncIteration:
-            await chunks.aclose()  # type: ignore[attr-defined]
-            raise ProviderError(
-                f"{deployment.name} ended without an answer", retryable=True
-            ) from None
-        except BaseException:
-            await chunks.aclose()  # type: ignore[attr-defined]
-            raise
-        return chunks, first
-
-    async def _run(self) -> AsyncIterator[Chunk]:
-        deployment, (chunks, first) = await self._router.serve(
-            self._route, self._request, self._start, hold=True
-        )
-        self.deployment = deployment
-        try:
-            yield first
-            async for chunk in chunks:
-                yield chunk
-        except ProviderError as exc:
-            if exc.retryable or exc.status_code >= 500:
-                UPSTREAM_ERRORS.labels(deployment.name).inc()
-            raise
-        finally:
-            deployment.outstanding -= 1
-            await chunks.aclose()  # type: ignore[attr-defined]
 
 
 class Router:
@@ -359,7 +310,7 @@ class Router:
             if complete is not None:
                 result: Response = await complete(request)
                 return result
-            return await _collect(deployment.provider, request)
+            return await collect(deployment.provider, request)
 
         return await self.serve(route, request, start)
 
@@ -375,7 +326,7 @@ class Router:
                 return result
             sampling = msgspec.structs.replace(request.sampling, max_tokens=1, n=1)
             once = msgspec.structs.replace(request, sampling=sampling, output=None)
-            answer = await _collect(deployment.provider, once)
+            answer = await collect(deployment.provider, once)
             return answer.usage.prompt_tokens if answer.usage else 0
 
         return await self.serve(route, request, start)
@@ -427,15 +378,3 @@ class Router:
                 await deployment.provider.close()
         await self.client.aclose()
         await self.sessions.close()
-
-
-async def _collect(provider: Provider, request: ChatRequest) -> Response:
-    """Fold a provider's stream into one response."""
-    builder = ResponseBuilder()
-    chunks = provider.generate(request)
-    try:
-        async for chunk in chunks:
-            builder.add(chunk)
-    finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
-    return builder.build()

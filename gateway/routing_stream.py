@@ -1,0 +1,76 @@
+"""A request's stream through ``Router.serve``, and a provider's stream folded into one answer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from gateway.canonical import ChatRequest, Chunk, Response
+from gateway.providers.base import Provider, ProviderError
+from gateway.response_builder import ResponseBuilder
+from gateway.routing_config import Deployment, ModelRoute
+from gateway.telemetry import UPSTREAM_ERRORS
+
+if TYPE_CHECKING:
+    from gateway.routing import Router
+
+
+class Generation:
+    """One request's stream through ``Router.serve``; ``deployment`` names who serves it."""
+
+    def __init__(self, router: Router, route: ModelRoute, request: ChatRequest) -> None:
+        self._router = router
+        self._route = route
+        self._request = request
+        self.deployment: Deployment | None = None
+        self._iterator = self._run()
+
+    def __aiter__(self) -> AsyncIterator[Chunk]:
+        return self._iterator
+
+    async def aclose(self) -> None:
+        await self._iterator.aclose()
+
+    async def _start(self, deployment: Deployment) -> tuple[AsyncIterator[Chunk], Chunk]:
+        self.deployment = deployment
+        chunks = aiter(deployment.provider.generate(self._request))
+        try:
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise ProviderError(
+                f"{deployment.name} ended without an answer", retryable=True
+            ) from None
+        except BaseException:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise
+        return chunks, first
+
+    async def _run(self) -> AsyncIterator[Chunk]:
+        deployment, (chunks, first) = await self._router.serve(
+            self._route, self._request, self._start, hold=True
+        )
+        self.deployment = deployment
+        try:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+        except ProviderError as exc:
+            if exc.retryable or exc.status_code >= 500:
+                UPSTREAM_ERRORS.labels(deployment.name).inc()
+            raise
+        finally:
+            deployment.outstanding -= 1
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+
+async def collect(provider: Provider, request: ChatRequest) -> Response:
+    """Fold a provider's stream into one response."""
+    builder = ResponseBuilder()
+    chunks = provider.generate(request)
+    try:
+        async for chunk in chunks:
+            builder.add(chunk)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+    return builder.build()
