@@ -57,6 +57,8 @@ class LeaseBook:
         recorder: UsageRecorder,
     ) -> None:
         self._redis = redis
+        self._limiter = limiter
+        self._recorder = recorder
         self.instance_id = settings.instance_id
         self.lease_s = settings.lease_s
         self._hashes_key = lease_hashes_key(self.instance_id)
@@ -97,7 +99,31 @@ class LeaseBook:
         if admission.new_epoch:
             # Redis may have restarted empty: name every hash and this replica again now,
             # not at the next renewal (a crash before it would leave these leases unfound).
-            await self._name_hashes(list(self._hashes))
+            try:
+                await self._name_hashes(list(self._hashes))
+            except RedisError:
+                # The caller fails the request (no Call will settle it), but Redis booked it:
+                # give the reservation, slot and lease back, now or from the renewal loop.
+                await self._abandon(lease, admission)
+                raise
+
+    async def _abandon(self, lease: Lease, admission: Admission) -> None:
+        """Settle at zero an admission whose request will not run, with its usage row."""
+
+        async def attempt() -> None:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.execute_command(*self._limiter.settle_command(admission, 0, 0))
+            self._recorder.record_in(pipe, lease.usage_event())
+            settled, *_ = await pipe.execute(raise_on_error=False)
+            if isinstance(settled, Exception):
+                await self._limiter.settle(admission, 0, 0)  # the script was not loaded
+
+        try:
+            await attempt()
+        except RedisError:
+            self.settle_later(lease.request_id, attempt, prompt_tokens=0, completion_tokens=0)
+            return
+        self.forget(lease.request_id)
 
     async def _name_hashes(self, hash_keys: list[str]) -> None:
         pipe = self._redis.pipeline(transaction=False)

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from opentelemetry.trace import INVALID_SPAN
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from gateway.call import Call
 from gateway.canonical import Usage
 from gateway.lease_book import LeaseBook
+from gateway.leases import lease_hashes_key
 from gateway.limits import Admission
 from gateway.services import Services
 from gateway.settle import settle
@@ -109,3 +111,27 @@ async def test_a_settle_redis_refused_lands_once_redis_is_back(
     assert event.status == "ok"
     assert not await group.stored(admission)
     assert await group.redis.zcard(admission.settle_keys[3]) == 0
+
+
+async def test_an_admission_whose_lease_could_not_be_named_is_given_back(
+    group: Replicas,
+) -> None:
+    """Redis booked the request, then refused to name the lease's hash (``opened`` raises, the
+    request fails with a 503): the reservation, slot and lease go back at once, at zero."""
+    book = group.book()
+    draft = await book.draft(group.key, model="m", prompt_estimate=5, started_at=time.time())
+    # The set of lease hashes can no longer be written (here: a key of the wrong type).
+    hashes = lease_hashes_key(book.instance_id)
+    await group.redis.delete(hashes)
+    await group.redis.set(hashes, "not a set")
+    admission = await group.limiter.admit(group.key, "r-1", 50, prompt_tokens=5, lease=draft)
+    assert admission.new_epoch  # the key's first request: opened names every hash again
+    assert await group.budget_used() == 50
+
+    with pytest.raises(RedisError):
+        await book.opened(draft, admission)
+    assert await group.budget_used() == 0
+    assert await group.redis.zcard(admission.settle_keys[3]) == 0
+    assert not await group.stored(admission)
+    (event,) = await group.usage()
+    assert (event.request_id, event.prompt_tokens + event.completion_tokens) == ("r-1", 0)
