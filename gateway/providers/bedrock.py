@@ -5,7 +5,9 @@ signer with credentials from the standard AWS chain (environment, shared files, 
 role), resolved once and refreshed by botocore. ConverseStream answers in AWS's binary event
 stream, decoded with botocore's ``EventStreamBuffer``. Turns are split and merged as for
 Anthropic (translate/turns.py): system turns to ``system``, tool results to ``user`` turns of
-``toolResult``; the blocks are Converse's own.
+``toolResult``; the blocks are Converse's own. Claude's ``thinking`` parameter travels in
+``additionalModelRequestFields``; its reasoning comes back block by block, each with its
+signature (or encrypted), and goes back in later assistant turns as it came, as Anthropic's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from gateway.canonical import (
     ImagePart,
     Message,
     Part,
+    ReasoningPiece,
     Response,
     TextPart,
     ToolCall,
@@ -39,9 +42,10 @@ from gateway.canonical import (
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
 from gateway.providers.hosted import HostedProvider, Sessions, StreamGuard
-from gateway.translate.turns import split_turns, tool_input, usage_with_cache
+from gateway.translate.anthropic_out import thinking_param
+from gateway.translate.turns import split_turns, tool_input, usage_with_cache, with_thinking
 
-SUPPORTED = frozenset({"top_k", "image"})
+SUPPORTED = frozenset({"top_k", "image", "thinking"})
 
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -85,8 +89,16 @@ def _block(part: Part) -> dict[str, Any] | None:
     return None
 
 
+def _reasoning_block(piece: ReasoningPiece) -> dict[str, Any]:
+    if piece.redacted is not None:
+        return {"reasoningContent": {"redactedContent": piece.redacted}}
+    return {
+        "reasoningContent": {"reasoningText": {"text": piece.text, "signature": piece.signature}}
+    }
+
+
 def _blocks(message: Message) -> list[dict[str, Any]]:
-    return [b for b in map(_block, message.parts) if b is not None]
+    return with_thinking(message, _block, _reasoning_block)
 
 
 def converse_body(request: ChatRequest) -> dict[str, Any]:
@@ -104,8 +116,15 @@ def converse_body(request: ChatRequest) -> dict[str, Any]:
     inference = {k: v for k, v in config.items() if v is not None}
     if inference:
         body["inferenceConfig"] = inference
+    extra: dict[str, Any] = {}
     if s.top_k:
-        body["additionalModelRequestFields"] = {"top_k": s.top_k}
+        extra["top_k"] = s.top_k
+    if request.thinking is not None and request.thinking.type != "disabled":
+        # Claude's own parameter: Converse has none for thinking. A model that does not think
+        # this way refuses it (a 400 from Bedrock), rather than thinking being dropped.
+        extra["thinking"] = thinking_param(request.thinking)
+    if extra:
+        body["additionalModelRequestFields"] = extra
     if request.tools:
         tools: dict[str, Any] = {
             "tools": [
@@ -141,6 +160,7 @@ def usage_of(raw: dict[str, Any] | None) -> Usage | None:
 def response_of(body: dict[str, Any]) -> Response:
     parts: list[Part] = []
     reasoning: list[str] = []
+    pieces: list[ReasoningPiece] = []
     for block in ((body.get("output") or {}).get("message") or {}).get("content") or ():
         if "text" in block:
             parts.append(TextPart(block["text"]))
@@ -149,11 +169,21 @@ def response_of(body: dict[str, Any]) -> Response:
             arguments = json.dumps(use.get("input") or {}, separators=(",", ":"))
             parts.append(ToolCall(use["toolUseId"], use["name"], arguments))
         elif "reasoningContent" in block:
-            reasoning.append(
-                ((block["reasoningContent"] or {}).get("reasoningText") or {}).get("text", "")
-            )
+            # Claude signs each block of its reasoning (or returns it encrypted) and wants it
+            # back as it was, in its place: kept piece by piece, as Anthropic's.
+            content = block["reasoningContent"] or {}
+            if "redactedContent" in content:
+                pieces.append(ReasoningPiece(redacted=content["redactedContent"], at=len(parts)))
+                continue
+            text_block = content.get("reasoningText") or {}
+            text = text_block.get("text", "")
+            reasoning.append(text)
+            signature = text_block.get("signature") or None
+            pieces.append(ReasoningPiece(text, signature, at=len(parts)))
     stop = body.get("stopReason") or "end_turn"
-    message = Message("assistant", parts, reasoning="".join(reasoning) or None)
+    message = Message(
+        "assistant", parts, reasoning="".join(reasoning) or None, reasoning_pieces=pieces or None
+    )
     usage = usage_of(body.get("usage"))
     choice = Choice(0, message, FINISH_REASONS.get(stop, stop))
     return Response([choice], usage=usage, num_tokens=usage.completion_tokens if usage else 0)
@@ -182,7 +212,12 @@ class _StreamReader:
                 piece = ToolCallDelta(index, arguments=delta["toolUse"].get("input", ""))
                 return Chunk([ChoiceDelta(tool_calls=[piece])], num_tokens=1)
             if "reasoningContent" in delta:
-                text = (delta["reasoningContent"] or {}).get("text", "")
+                content = delta["reasoningContent"] or {}
+                if content.get("signature"):  # ends its block of reasoning
+                    return Chunk([ChoiceDelta(reasoning_signature=content["signature"])])
+                if content.get("redactedContent"):
+                    return Chunk([ChoiceDelta(reasoning_redacted=content["redactedContent"])])
+                text = content.get("text", "")
                 return Chunk([ChoiceDelta(reasoning=text)], num_tokens=1) if text else None
         elif event_type == "messageStop":
             stop = event.get("stopReason") or "end_turn"

@@ -21,13 +21,14 @@ from gateway.canonical import (
     ReasoningPiece,
     Response,
     TextPart,
+    Thinking,
     ToolCall,
     ToolCallDelta,
     ToolResult,
     Usage,
 )
 from gateway.providers.features import data_url
-from gateway.translate.turns import split_turns, tool_input, usage_with_cache
+from gateway.translate.turns import split_turns, tool_input, usage_with_cache, with_thinking
 
 DEFAULT_MAX_TOKENS = 4096
 """Anthropic requires ``max_tokens``; used when the client set none."""
@@ -82,23 +83,18 @@ def _thinking_block(piece: ReasoningPiece) -> dict[str, Any]:
 
 
 def _blocks(message: Message) -> list[dict[str, Any]]:
-    pieces: list[ReasoningPiece] = []
-    if message.role == "assistant":
-        # Anthropic wants an assistant turn's signed thinking back, each block with its own
-        # signature and in its place (it refuses a tool loop with thinking on without it), and
-        # its redacted blocks as they were; thinking it did not sign (another model's) it
-        # cannot take, and is left out.
-        pieces = [
-            p for p in message.reasoning_pieces or () if p.signature or p.redacted is not None
-        ]
-    blocks: list[dict[str, Any]] = []
-    for k, part in enumerate(message.parts):
-        while pieces and pieces[0].at <= k:
-            blocks.append(_thinking_block(pieces.pop(0)))
-        if not (isinstance(part, TextPart) and not part.text):
-            blocks.append(_block(part))
-    blocks.extend(map(_thinking_block, pieces))
-    return blocks
+    def block_of(part: Part) -> dict[str, Any] | None:
+        return None if isinstance(part, TextPart) and not part.text else _block(part)
+
+    return with_thinking(message, block_of, _thinking_block)
+
+
+def thinking_param(thinking: Thinking) -> dict[str, Any]:
+    """Claude's ``thinking`` parameter (Anthropic's API and Bedrock's take the same)."""
+    param: dict[str, Any] = {"type": thinking.type}
+    if thinking.type == "enabled":
+        param["budget_tokens"] = thinking.budget_tokens or 1024
+    return param
 
 
 def messages_body(request: ChatRequest, model: str) -> dict[str, Any]:
@@ -155,10 +151,7 @@ def messages_body(request: ChatRequest, model: str) -> dict[str, Any]:
     if output_config:
         body["output_config"] = output_config
     if request.thinking is not None:
-        thinking: dict[str, Any] = {"type": request.thinking.type}
-        if request.thinking.type == "enabled":
-            thinking["budget_tokens"] = request.thinking.budget_tokens or 1024
-        body["thinking"] = thinking
+        body["thinking"] = thinking_param(request.thinking)
     return body
 
 

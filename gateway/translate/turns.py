@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from gateway.canonical import Message, Usage
+from gateway.canonical import Message, Part, ReasoningPiece, Usage
 
 
 def tool_input(arguments: str) -> Any:
@@ -22,6 +22,30 @@ def tool_input(arguments: str) -> Any:
         return json.loads(arguments) if arguments else {}
     except ValueError:
         return {"_raw": arguments}
+
+
+def with_thinking(
+    message: Message,
+    block_of: Callable[[Part], dict[str, Any] | None],
+    thinking_block: Callable[[ReasoningPiece], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """``message``'s blocks (``block_of`` each part, ``None`` to leave one out), and in an
+    assistant turn its signed and redacted thinking blocks, each back in its place: Claude
+    (Anthropic's API and Bedrock's) wants every one back as issued, and refuses a tool loop
+    with thinking on without them. Thinking without a signature (another model's) it cannot
+    take, and is left out."""
+    pieces: list[ReasoningPiece] = []
+    if message.role == "assistant":
+        pieces = [p for p in message.reasoning_pieces or () if p.signature or p.redacted]
+    blocks: list[dict[str, Any]] = []
+    for k, part in enumerate(message.parts):
+        while pieces and pieces[0].at <= k:
+            blocks.append(thinking_block(pieces.pop(0)))
+        block = block_of(part)
+        if block is not None:
+            blocks.append(block)
+    blocks.extend(map(thinking_block, pieces))
+    return blocks
 
 
 def split_turns(

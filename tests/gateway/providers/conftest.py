@@ -126,6 +126,7 @@ def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
     models += [
         {"name": "retry-once", "deployments": [spec("anthropic", "once-limited")]},
         {"name": "anthropic-interleaved", "deployments": [spec("anthropic", "interleaved")]},
+        {"name": "bedrock-interleaved", "deployments": [spec("bedrock", "interleaved")]},
         {
             "name": "falls-back",
             "deployments": [spec("anthropic", "down")],

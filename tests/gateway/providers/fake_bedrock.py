@@ -6,6 +6,10 @@ changed body is a 403, as AWS answers). ConverseStream replies in AWS's binary e
 framing, encoded here from the spec (prelude with CRC, string headers, payload, message CRC).
 Answers by the shared fake model (fake_common.py). Errors: ``limited`` 429
 ThrottlingException, ``down`` 503 ServiceUnavailableException, ``bad`` 400 ValidationException.
+Model ``interleaved``, asked to think (Claude's ``thinking`` in
+``additionalModelRequestFields``), reasons before its tool call as Claude does on Bedrock:
+the blocks of fake_anthropic.INTERLEAVED as ``reasoningContent`` (signed text, encrypted
+content) and text; an assistant turn must hold them all back, in place, as issued.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from . import fake_anthropic
 from .fake_common import (
     TOOL_ARGUMENTS,
     FakeServer,
@@ -29,6 +34,19 @@ from .fake_common import (
     send_json,
     start_stream,
 )
+
+
+def _converse_block(block: dict[str, Any]) -> dict[str, Any]:
+    if block["type"] == "thinking":
+        text = {"text": block["thinking"], "signature": block["signature"]}
+        return {"reasoningContent": {"reasoningText": text}}
+    if block["type"] == "redacted_thinking":
+        return {"reasoningContent": {"redactedContent": block["data"]}}
+    return {"text": block["text"]}
+
+
+INTERLEAVED = [_converse_block(block) for block in fake_anthropic.INTERLEAVED]
+"""What model ``interleaved`` answers before its tool call, when asked to think."""
 
 ACCESS_KEY = "AKIDSLUICEGATETEST"
 SECRET_KEY = "sluicegate-test-secret"
@@ -103,6 +121,16 @@ class FakeBedrock(FakeServer):
         if model in _ERRORS:
             status, kind, message = _ERRORS[model]
             return await send_json(send, status, {"message": message}, {"x-amzn-errortype": kind})
+        thinking = (body.get("additionalModelRequestFields") or {}).get("thinking") or {}
+        thinks = model == "interleaved" and thinking.get("type") in {"enabled", "adaptive"}
+        if thinks and not _thinking_intact(body["messages"]):
+            message = (
+                "The reasoning blocks in the latest assistant message cannot be modified. "
+                "These blocks must remain as they were in the original response."
+            )
+            return await send_json(
+                send, 400, {"message": message}, {"x-amzn-errortype": "ValidationException"}
+            )
         config = body.get("inferenceConfig") or {}
         tool_config = body.get("toolConfig") or {}
         tools = [t["toolSpec"]["name"] for t in tool_config.get("tools") or ()]
@@ -122,10 +150,11 @@ class FakeBedrock(FakeServer):
         stop = "tool_use" if answer.tool else "max_tokens" if answer.length_cut else "end_turn"
         if answer.stopped_by:
             stop = "stop_sequence"
+        reasoning = INTERLEAVED if thinks and answer.tool else []
         if operation == "converse":
             if answer.tool:
                 use = {"toolUseId": "tooluse_01", "name": answer.tool, "input": TOOL_ARGUMENTS}
-                content: list[dict[str, Any]] = [{"toolUse": use}]
+                content: list[dict[str, Any]] = [*reasoning, {"toolUse": use}]
             else:
                 content = [{"text": "".join(answer.words)}]
             reply = {
@@ -137,20 +166,55 @@ class FakeBedrock(FakeServer):
             return await send_json(send, 200, reply)
         await start_stream(send, "application/vnd.amazon.eventstream")
         await send_bytes(send, event("messageStart", {"role": "assistant"}))
+        for index, block in enumerate(reasoning):
+            for delta in _reasoning_deltas(block):
+                await send_bytes(
+                    send, event("contentBlockDelta", {"delta": delta, "contentBlockIndex": index})
+                )
+            await send_bytes(send, event("contentBlockStop", {"contentBlockIndex": index}))
+        index = len(reasoning)
         if answer.tool:
             start = {"toolUse": {"toolUseId": "tooluse_01", "name": answer.tool}}
             await send_bytes(
-                send, event("contentBlockStart", {"start": start, "contentBlockIndex": 0})
+                send, event("contentBlockStart", {"start": start, "contentBlockIndex": index})
             )
             text = json.dumps(TOOL_ARGUMENTS)
             for piece in (text[:5], text[5:]):
-                delta = {"delta": {"toolUse": {"input": piece}}, "contentBlockIndex": 0}
+                delta = {"delta": {"toolUse": {"input": piece}}, "contentBlockIndex": index}
                 await send_bytes(send, event("contentBlockDelta", delta))
         else:
             for word in answer.words:
-                delta = {"delta": {"text": word}, "contentBlockIndex": 0}
+                delta = {"delta": {"text": word}, "contentBlockIndex": index}
                 await send_bytes(send, event("contentBlockDelta", delta))
-        await send_bytes(send, event("contentBlockStop", {"contentBlockIndex": 0}))
+        await send_bytes(send, event("contentBlockStop", {"contentBlockIndex": index}))
         await send_bytes(send, event("messageStop", {"stopReason": stop}))
         metadata = {"usage": usage, "metrics": {"latencyMs": 1}}
         await send_bytes(send, event("metadata", metadata), more=False)
+
+
+def _reasoning_deltas(block: dict[str, Any]) -> list[dict[str, Any]]:
+    """ConverseStream's deltas of one block: reasoning text then its signature, encrypted
+    reasoning whole, or text."""
+    if "text" in block:
+        return [{"text": block["text"]}]
+    content = block["reasoningContent"]
+    if "redactedContent" in content:
+        return [{"reasoningContent": {"redactedContent": content["redactedContent"]}}]
+    text = content["reasoningText"]
+    return [
+        {"reasoningContent": {"text": text["text"]}},
+        {"reasoningContent": {"signature": text["signature"]}},
+    ]
+
+
+def _thinking_intact(messages: list[dict[str, Any]]) -> bool:
+    """Every assistant turn starts with the reasoning issued, in place (its text may differ)."""
+
+    def shape(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"text": ""} if "text" in b else b for b in blocks]
+
+    return all(
+        shape(m["content"][: len(INTERLEAVED)]) == shape(INTERLEAVED)
+        for m in messages
+        if m["role"] == "assistant"
+    )

@@ -148,15 +148,16 @@ def test_anthropics_signed_thinking_goes_back_to_it_in_a_tool_loop(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("model", ["anthropic-interleaved", "bedrock-interleaved"])
 def test_interleaved_thinking_goes_back_block_by_block(
-    claude: anthropic.Anthropic, stream: bool
+    claude: anthropic.Anthropic, model: str, stream: bool
 ) -> None:
     """An answer with several thinking blocks (one of them redacted) between its text and tool
-    call: each signed block comes with its own signature, every block in its place, and all of
-    them go back to Anthropic as it issued them."""
+    call, from Claude on Anthropic's API or on Bedrock: each signed block comes with its own
+    signature, every block in its place, and all of them go back as Claude issued them."""
     ask: Any = [{"role": "user", "content": "what is the weather in Paris"}]
     kwargs: dict[str, Any] = {
-        "model": "anthropic-interleaved",
+        "model": model,
         "max_tokens": 2048,
         "thinking": THINK,
         "tools": [WEATHER],
@@ -187,7 +188,7 @@ def test_interleaved_thinking_goes_back_block_by_block(
             "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
         },
     ]
-    # The fake, as Anthropic, refuses the turn unless every block comes back as issued.
+    # The fakes, as Claude, refuse the turn unless every block comes back as issued.
     follow = claude.messages.create(**{**kwargs, "messages": turns})
     assert follow.stop_reason == "end_turn"
     # Another backend cannot read the redacted block and goes without it, as Anthropic's own
