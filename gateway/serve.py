@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     uvicorn.run(
-        "gateway.app:create_app",
+        "gateway.app:create_served_app",
         factory=True,
         host=args.host,
         port=args.port,
