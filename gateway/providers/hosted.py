@@ -23,6 +23,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, TypeVar
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
 from gateway.canonical import ChatRequest, Chunk
 from gateway.errors import redact
@@ -31,6 +32,10 @@ from gateway.providers.base import ProviderError
 logger = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
+SSE_MAX_LINE_BYTES = 8 * 1024 * 1024
+"""The longest line of a server-sent-events body. An event is one ``data:`` line, and Gemini
+sends a function call whole in one event (a file's contents as an argument can be megabytes);
+aiohttp's own limit, twice its 256 KiB read buffer, would fail such a call."""
 _CONTEXT_HINTS = ("context length", "context window", "too long", "prompt is too long")
 T = TypeVar("T")
 
@@ -144,7 +149,9 @@ class StreamedResponse:
         self.headers = response.headers
 
     async def aiter_lines(self) -> AsyncIterator[str]:
-        async for line in self._response.content:
+        """The body's lines; a longer one than ``SSE_MAX_LINE_BYTES`` raises ``LineTooLong``."""
+        content = self._response.content
+        while line := await content.readline(max_line_length=SSE_MAX_LINE_BYTES):
             yield line.decode().rstrip("\r\n")
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
@@ -190,6 +197,13 @@ class StreamGuard:
         except TRANSPORT_ERRORS as exc:
             raise ProviderError(
                 f"deployment {self.deployment} failed mid-stream", retryable=not self.started
+            ) from exc
+        except LineTooLong as exc:
+            # aiohttp's own exception (neither a ClientError nor a ValueError).
+            raise ProviderError(
+                f"deployment {self.deployment} sent a line longer than "
+                f"{SSE_MAX_LINE_BYTES // (1024 * 1024)} MiB",
+                retryable=not self.started,
             ) from exc
         except self._decode_errors as exc:
             raise ProviderError(

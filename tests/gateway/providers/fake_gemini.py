@@ -7,6 +7,7 @@ Requires ``x-goog-api-key: gem-test-key``; any other key is refused as Google re
 Errors use Google's ``{"error": {"code", "message", "status"}}``: ``limited`` 429
 RESOURCE_EXHAUSTED, ``down`` 503 UNAVAILABLE, ``bad`` 400 INVALID_ARGUMENT, ``unbilled`` 400
 FAILED_PRECONDITION (the free tier is not offered where the project is and billing is off).
+Models named ``bigcall-N`` call the tool they are offered with an argument of N KiB.
 """
 
 from __future__ import annotations
@@ -84,6 +85,9 @@ class FakeGemini(FakeServer):
         answer = plan(
             config.get("maxOutputTokens"), tools, forced, last_user, config.get("stopSequences")
         )
+        arguments: dict[str, Any] = TOOL_ARGUMENTS
+        if model.startswith("bigcall-") and answer.tool:
+            arguments = {"city": "x" * int(model.removeprefix("bigcall-")) * 1024}
         thought = bool((config.get("thinkingConfig") or {}).get("includeThoughts"))
         usage = {
             "promptTokenCount": count_words(body["contents"])
@@ -98,7 +102,7 @@ class FakeGemini(FakeServer):
                 [{"text": "let me think", "thought": True}] if thought else []
             )
             if answer.tool:
-                parts.append({"functionCall": {"name": answer.tool, "args": TOOL_ARGUMENTS}})
+                parts.append({"functionCall": {"name": answer.tool, "args": arguments}})
             else:
                 parts.append({"text": "".join(answer.words)})
             reply = {
@@ -121,7 +125,7 @@ class FakeGemini(FakeServer):
             [{"text": "let me think", "thought": True}] if thought else []
         )
         if answer.tool:
-            pieces.append({"functionCall": {"name": answer.tool, "args": TOOL_ARGUMENTS}})
+            pieces.append({"functionCall": {"name": answer.tool, "args": arguments}})
         else:
             pieces += [{"text": word} for word in answer.words]
         for piece in pieces:
