@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -363,7 +363,7 @@ class Call:
             self.prompt_estimate, answer.num_tokens or math.ceil(len(answer.text()) / 3)
         )
         self.status = "ok"
-        return await self._respond(renderer.whole(self, answer))
+        return await self._respond(await self._render(lambda: renderer.whole(self, answer)))
 
     async def count(self) -> int:
         """The prompt's tokens as the deployment that would serve it counts them. Nothing is
@@ -379,7 +379,20 @@ class Call:
         """Embeddings: the upstream's object, ``model`` named as the client asked."""
         raw, usage = await self._answer(self.services.router.embed(self.route, self.request))
         self.usage = usage or Usage(self.prompt_estimate, 0)
-        return await self._respond(encode({**raw, "model": self.public_model}))
+        return await self._respond(
+            await self._render(lambda: encode({**raw, "model": self.public_model}))
+        )
+
+    async def _render(self, render: Callable[[], bytes]) -> bytes:
+        """A whole answer's body. When rendering fails the client gets a 500 and nothing of
+        the answer: settle that before the error leaves (``_respond`` would have)."""
+        try:
+            return render()
+        except Exception:
+            self.status = "error"
+            self.delivered_tokens = 0
+            await self.finish()
+            raise
 
     async def stream(self, renderer: Renderer) -> Stream:
         services = self.services
@@ -441,12 +454,13 @@ class Call:
         self, renderer: Renderer, chunks: AsyncIterator[Chunk], first: Chunk
     ) -> AsyncIterator[bytes]:
         """The stream's bytes; cancelled mid-way when the client disconnects (``finish``
-        bills that)."""
-        opening = renderer.opening(self, first)
-        if opening:
-            yield opening
+        bills that). Rendering is inside the guard too: whatever fails, the client gets its
+        API's error event and the stream ends normally, so ``close`` settles it."""
         chunk: Chunk | None = first
         try:
+            opening = renderer.opening(self, first)
+            if opening:
+                yield opening
             while chunk is not None:
                 data = renderer.chunk(self, chunk)
                 if data:
@@ -454,6 +468,13 @@ class Call:
                 chunk = await anext(chunks, None)
                 if chunk is not None:
                     self.chunk_received(chunk)
+            self.status = "ok"
+            self.finish_reason = self.finish_reason or "stop"
+            if self.usage is None:
+                self.usage = Usage(
+                    self.prompt_tokens or self.prompt_estimate, self.delivered_tokens
+                )
+            closing = renderer.closing(self)
         except ProviderError as exc:
             self.status = "error"
             if exc.usage is not None:
@@ -468,11 +489,7 @@ class Call:
             failure.error_type = "server_error"
             yield renderer.error(self, failure)
             return
-        self.status = "ok"
-        self.finish_reason = self.finish_reason or "stop"
-        if self.usage is None:
-            self.usage = Usage(self.prompt_tokens or self.prompt_estimate, self.delivered_tokens)
-        yield renderer.closing(self)
+        yield closing
 
     # ---- settling --------------------------------------------------------------------------
 
