@@ -14,8 +14,10 @@ from gateway.canonical import (
     Chunk,
     Message,
     OutputFormat,
+    ReasoningPiece,
     Sampling,
     TextPart,
+    Thinking,
     Tool,
     ToolCall,
     ToolChoice,
@@ -27,6 +29,7 @@ from gateway.providers.openai import OpenAIProvider
 from gateway.response_builder import ResponseBuilder
 
 from ..api.servers import ServerThread, Upstream
+from . import fake_anthropic
 from .conftest import KINDS, ProviderFactory
 from .fake_common import TOOL_ARGUMENTS
 
@@ -102,6 +105,36 @@ async def test_forced_tool_call_and_result_turn(
     )
     answer = await provider.complete(follow)
     assert answer.finish_reason() == "stop" and answer.text().startswith("w0")
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "bedrock"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_claude_thinking_comes_block_by_block_and_goes_back(
+    make_provider: ProviderFactory, kind: str, stream: bool
+) -> None:
+    """Several thinking blocks in one answer, whole or folded from the stream: each keeps its
+    signature and place, and they all go back in the next turn (the fakes check it)."""
+    provider = make_provider(kind, "interleaved")
+    think = Thinking("enabled", 1024)
+    ask = text_message("user", "what is the weather in Paris")
+    request = chat(ask, tools=[WEATHER], thinking=think)
+    answer = (await streamed(provider, request))[1] if stream else await provider.complete(request)
+    message = answer.choices[0].message
+    issued = fake_anthropic.INTERLEAVED
+    assert message.reasoning_pieces == [
+        ReasoningPiece(issued[0]["thinking"], issued[0]["signature"], at=0),
+        ReasoningPiece(redacted=issued[1]["data"], at=0),
+        ReasoningPiece(issued[3]["thinking"], issued[3]["signature"], at=1),
+    ]
+    assert message.reasoning == issued[0]["thinking"] + issued[3]["thinking"]
+    call = message.tool_calls()[0]
+    result = Message("tool", [ToolResult(call.id, [TextPart("sunny")])])
+    follow = await provider.complete(chat(ask, message, result, tools=[WEATHER], thinking=think))
+    assert follow.finish_reason() == "stop"
+    message.reasoning_pieces = message.reasoning_pieces[:1]
+    with pytest.raises(ProviderError) as refused:
+        await provider.complete(chat(ask, message, result, tools=[WEATHER], thinking=think))
+    assert refused.value.status_code == 400
 
 
 @pytest.mark.parametrize("kind", ["anthropic", "bedrock"])
