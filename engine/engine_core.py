@@ -24,7 +24,7 @@ from engine.models.onednn import can_use_onednn, use_onednn_linears
 from engine.protocol import ToolCallDelta, Usage
 from engine.reasoning import template_has_reasoning
 from engine.request_options import RequestOptions
-from engine.sampler import SampledBatch, Sampler, TokenLogprobs, derived_seed
+from engine.sampler import BatchRows, SampledBatch, Sampler, TokenLogprobs, derived_seed
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
@@ -183,7 +183,7 @@ class EngineCore:
                 max_waiting=options.max_waiting,
             )
         )
-        self.sampler = Sampler(self.device, options.seed)
+        self.sampler = Sampler(self.device, options.seed, max_rows=options.max_num_seqs)
         self.eos_token_ids = self.tokenizer.eos_token_ids | set(config.eos_token_ids)
         template = self.tokenizer.chat_template
         self.tool_parser = options.tool_parser or detect_tool_parser(template)
@@ -371,7 +371,10 @@ class EngineCore:
         constrain = None
         if any(g is not None and g.active for g in guides):
             constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
-        sampled = self.sampler.sample(logits, [item.seq for item in sampling_items], constrain)
+        rows = BatchRows(step.sampling_batch_rows, step.sampling_generations,
+                         step.sampling_positions)  # fmt: skip
+        seqs = [item.seq for item in sampling_items]
+        sampled = self.sampler.sample(logits, seqs, constrain, rows)
         # The forked choices' rows come last; the runner tracks only its own rows.
         self.runner.mark_pending(step, sampled.tokens)
         self.scheduler.advance(output)

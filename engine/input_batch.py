@@ -2,12 +2,16 @@
 block-table buffers, updated by diffs as requests join, grow and leave, so a step's inputs
 are assembled by a few vectorised gathers instead of being rebuilt from Python lists.
 
-A step reads the scheduler's output once into flat arrays (row, start, count per scheduled
-request); everything else — input ids, positions, slot mapping, sequence lengths, query
-offsets, the rows that sample, and block tables as wide as this batch needs — comes from
+The scheduler assigns the rows (a running sequence keeps its row until it leaves; a row's
+generation counts its occupants) and hands each step over as columns (row, generation,
+start, count, blocks, tokens per scheduled request: ``ScheduledArrays``), so preparing a
+step reads no sequence objects: input ids, positions, slot mapping, sequence lengths, query
+offsets, the rows that sample, and block tables as wide as this batch needs all come from
 numpy indexing over the rows. Only requests whose state moved beyond what the rows already
-hold (a new admission, a prefill chunk, a table that grew) are copied in, and only the new
-part.
+hold (a new occupant, a prefill chunk, a table that grew) are read, and only the new part.
+Decode inputs are never read from sequences: a step's sampled tokens are written into
+their rows (on the device first, ``mark_pending``, for async scheduling; on the host when
+read back, ``record_sampled``).
 """
 
 from __future__ import annotations
@@ -17,8 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.block_manager import blocks_for
-from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence, SequenceStatus
+from engine.scheduler import ScheduledSequence, SchedulerOutput
 
 
 @dataclass
@@ -62,9 +65,6 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_seqs, dtype=np.int64)
         self.block_table = np.zeros((max_num_seqs, self.max_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(max_num_seqs, dtype=np.int64)
-        self._row_of: dict[str, int] = {}
-        self._seq_of: list[Sequence | None] = [None] * max_num_seqs
-        self._free_rows = list(range(max_num_seqs - 1, -1, -1))
         self._generation = np.zeros(max_num_seqs, dtype=np.int64)
         # Per row: the row of the in-flight step's sampled tokens holding its token at
         # _pending_position (-1: none pending).
@@ -72,48 +72,18 @@ class InputBatch:
         self._pending_position = np.zeros(max_num_seqs, dtype=np.int64)
         self._pending_step: StepArrays | None = None
 
-    @property
-    def num_rows(self) -> int:
-        return len(self._row_of)
-
-    def row_of(self, request_id: str) -> int | None:
-        return self._row_of.get(request_id)
-
     # -- membership -------------------------------------------------------------------------
 
-    def _row_for(self, seq: Sequence) -> int:
-        row = self._row_of.get(seq.request_id)
-        if row is not None and self._seq_of[row] is seq:
-            return row
-        # New, or a new request reusing a departed one's id.
-        self.remove(seq.request_id)
-        return self._add(seq)
-
-    def _add(self, seq: Sequence) -> int:
-        row = self._free_rows.pop()
-        self._row_of[seq.request_id] = row
-        self._seq_of[row] = seq
-        self.num_tokens[row] = 0
-        self.num_blocks[row] = 0
-        self._generation[row] += 1
-        self._pending_source[row] = -1
-        return row
-
-    def remove(self, request_id: str) -> None:
-        row = self._row_of.pop(request_id, None)
-        if row is not None:
-            self._seq_of[row] = None
-            self._free_rows.append(row)
-
-    def _evict_departed(self, output: SchedulerOutput, scheduled_ids: set[str]) -> None:
-        """Free the rows of requests that left: preempted ones (their blocks are gone) and any
-        request that is no longer running (finished, aborted, stopped by a stop string)."""
-        for seq in output.preempted:
-            self.remove(seq.request_id)
-        for request_id in self._row_of.keys() - scheduled_ids:
-            seq = self._seq_of[self._row_of[request_id]]
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
-                self.remove(request_id)
+    def _admit_rows(self, rows: np.ndarray, generations: np.ndarray) -> None:
+        """Rows with a new occupant (the scheduler assigns rows and counts their
+        generations) start empty; whatever the previous occupant left is never read."""
+        new = self._generation[rows] != generations
+        if new.any():
+            joined = rows[new]
+            self._generation[joined] = generations[new]
+            self.num_tokens[joined] = 0
+            self.num_blocks[joined] = 0
+            self._pending_source[joined] = -1
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -149,24 +119,17 @@ class InputBatch:
         self.token_ids[rows[ok], positions[ok]] = tokens[ok]
 
     def prepare(self, output: SchedulerOutput) -> StepArrays:
-        scheduled = output.scheduled
-        self._evict_departed(output, {item.seq.request_id for item in scheduled})
-        seqs = [item.seq for item in scheduled]
-        # The one pass over the scheduler's output: everything after it is array maths.
-        info = np.array(
-            [
-                (self._row_for(item.seq), item.start, item.num_new_tokens,
-                 len(item.seq.block_table), item.seq.num_tokens)
-                for item in scheduled
-            ],
-            dtype=np.int64,
-        ).reshape(-1, 5)  # fmt: skip
-        rows, starts, counts, table_lens, num_tokens = info.T
+        arrays = output.arrays
+        assert arrays is not None, "a SchedulerOutput from Scheduler.schedule"
+        rows, starts, counts = arrays.rows, arrays.starts, arrays.counts
+        num_tokens = arrays.num_tokens
+        self._admit_rows(rows, arrays.generations)
         ends = starts + counts
-        self._sync_tokens(seqs, rows, ends)
-        self._sync_tables(seqs, rows, table_lens)
+        items = output.scheduled
+        self._sync_tokens(items, rows, ends)
+        self._sync_tables(items, rows, arrays.table_lens)
 
-        cu = np.zeros(len(seqs) + 1, dtype=np.int64)
+        cu = np.zeros(len(items) + 1, dtype=np.int64)
         np.cumsum(counts, out=cu[1:])
         total = int(cu[-1])
         token_rows = np.repeat(rows, counts)
@@ -176,7 +139,7 @@ class InputBatch:
             self.block_table[token_rows, block_index].astype(np.int64) * self.block_size
             + positions % self.block_size
         )
-        width = int((ends.max() + self.block_size - 1) // self.block_size) if len(seqs) else 1
+        width = int((ends.max() + self.block_size - 1) // self.block_size) if len(items) else 1
         samples = ends == num_tokens
         decode_only = bool((counts == 1).all())
         input_ids = self.token_ids[token_rows, positions]
@@ -204,22 +167,26 @@ class InputBatch:
             pending_source=pending_source,
         )
 
-    def _sync_tokens(self, seqs: list[Sequence], rows: np.ndarray, ends: np.ndarray) -> None:
+    def _sync_tokens(
+        self, items: list[ScheduledSequence], rows: np.ndarray, ends: np.ndarray
+    ) -> None:
         """Copy in the tokens a row lacks up to this step's end (a join or a prefill chunk;
-        decode tokens arrive through ``record_sampled``)."""
+        decode tokens arrive through ``mark_pending`` and ``record_sampled``)."""
         behind = np.flatnonzero(self.num_tokens[rows] < ends)
         for i in behind:
-            seq, row = seqs[i], int(rows[i])
+            seq, row = items[i].seq, int(rows[i])
             have, want = int(self.num_tokens[row]), int(ends[i])
             self.token_ids[row, have:want] = seq.token_ids[have:want]
             self.num_tokens[row] = want
 
-    def _sync_tables(self, seqs: list[Sequence], rows: np.ndarray, table_lens: np.ndarray) -> None:
+    def _sync_tables(
+        self, items: list[ScheduledSequence], rows: np.ndarray, table_lens: np.ndarray
+    ) -> None:
         """Append the blocks a request gained since the last step (tables only grow while a
         request runs; preemption frees its row)."""
         grew = np.flatnonzero(self.num_blocks[rows] != table_lens)
         for i in grew:
-            seq, row = seqs[i], int(rows[i])
+            seq, row = items[i].seq, int(rows[i])
             have, want = int(self.num_blocks[row]), int(table_lens[i])
             if want < have:
                 have = 0

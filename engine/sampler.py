@@ -80,24 +80,40 @@ def derived_seed(seed: int, index: int) -> int:
     return seed if index == 0 else (seed + index * _SEED_MIX) & _SEED_MASK
 
 
+@dataclass(frozen=True)
+class BatchRows:
+    """Where a step's sampling sequences sit in the persistent batch: their rows, the rows'
+    generations (new when a row gets a new occupant) and the index in each sequence's
+    tokens of the token being sampled. The sampler keys its per-request state by row, so a
+    step needs no pass over its sequences: only rows with a new generation are read."""
+
+    rows: np.ndarray
+    generations: np.ndarray
+    positions: np.ndarray
+
+
 class _SlotParams:
-    """Each sequence the sampler has seen gets a slot: its sampling settings as entries of
-    host arrays, so a step gathers a column per setting instead of reading objects per row.
-    Slots are freed once their sequence has finished."""
+    """Each request the sampler serves gets a slot: its sampling settings as entries of host
+    arrays, so a step gathers a column per setting instead of reading objects per row.
+    Slots ``[0, reserved)`` are the persistent batch's rows (``BatchRows``); sequences given
+    without a row (forked choices' first draw, direct callers) get slots above, keyed by
+    identity and freed once their sequence has finished."""
 
     _FIELDS = (
         ("temperature", np.float32), ("top_k", np.int64), ("top_p", np.float32),
         ("min_p", np.float32), ("seed", np.int64), ("seeded", bool), ("greedy", bool),
         ("presence", np.float32), ("frequency", np.float32), ("repetition", np.float32),
         ("penalized", bool), ("logprobs", np.int64), ("biased", bool),
+        ("prompt", np.int64), ("generation", np.int64),
     )  # fmt: skip
 
-    def __init__(self, vocab: int, capacity: int = 64) -> None:
+    def __init__(self, vocab: int, reserved: int = 0, capacity: int = 64) -> None:
         self.vocab = vocab
+        capacity += reserved
         self.columns = {name: np.zeros(capacity, dtype) for name, dtype in self._FIELDS}
         self.bias: dict[int, tuple[list[int], list[float]]] = {}
         self.seqs: dict[int, tuple[SampledSequence, int]] = {}
-        self.free: list[int] = list(range(capacity - 1, -1, -1))
+        self.free: list[int] = list(range(capacity - 1, reserved - 1, -1))
 
     @property
     def capacity(self) -> int:
@@ -116,7 +132,13 @@ class _SlotParams:
             self._grow()
         slot = self.free.pop()
         self.seqs[id(seq)] = (seq, slot)
+        self.load(slot, seq)
+        return slot, True
+
+    def load(self, slot: int, seq: SampledSequence) -> None:
+        """Write ``seq``'s settings into ``slot``."""
         p, c = seq.params, self.columns
+        c["prompt"][slot] = seq.num_prompt_tokens
         c["temperature"][slot] = 1.0 if p.greedy else p.temperature
         c["top_k"][slot] = p.top_k if p.top_k > 0 else self.vocab
         c["top_p"][slot], c["min_p"][slot] = p.top_p, p.min_p
@@ -129,7 +151,6 @@ class _SlotParams:
         self.bias.pop(slot, None)
         if p.logit_bias:
             self.bias[slot] = (list(p.logit_bias), list(p.logit_bias.values()))
-        return slot, True
 
     def release_finished(self, keep: set[int]) -> None:
         """Free the slots of finished sequences not in the current step."""
@@ -147,7 +168,9 @@ class _SlotParams:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int | None = None) -> None:
+    def __init__(self, device: torch.device, seed: int | None = None, max_rows: int = 0) -> None:
+        """``max_rows``: the persistent batch's rows (``BatchRows``), if the caller has one."""
+        self.max_rows = max_rows
         self.device = device
         self.generator = torch.Generator(device=device)
         if seed is None:
@@ -171,21 +194,16 @@ class Sampler:
         logits: torch.Tensor,
         seqs: SequenceOf[SampledSequence],
         constrain: Callable[[torch.Tensor], None] | None = None,
+        batch_rows: BatchRows | None = None,
     ) -> SampledBatch:
         """``constrain`` masks forbidden tokens in place (grammars); logprobs are taken from
         the model's raw distribution before it, as vLLM does. One device-to-host read,
         queued here and waited for by ``read()``."""
         vocab = logits.shape[1]
         if self._slots is None or self._slots.vocab != vocab:
-            self._slots, self._penalties = _SlotParams(vocab), None
+            self._slots, self._penalties = _SlotParams(vocab, self.max_rows), None
         slots_state = self._slots
-        # The one pass over the step's sequences: everything after it is array maths.
-        info = np.array(
-            [(*slots_state.slot_for(seq, seqs), len(seq.token_ids) - seq.num_prompt_tokens)
-             for seq in seqs],
-            dtype=np.int64,
-        ).reshape(-1, 3)  # fmt: skip
-        slots, joined, positions = info[:, 0], info[:, 1].astype(bool), info[:, 2]
+        slots, joined, positions = self._slots_of(slots_state, seqs, batch_rows)
         column = {name: values[slots] for name, values in slots_state.columns.items()}
         logits = logits.float()
         want_logprobs = column["logprobs"] >= 0
@@ -214,6 +232,40 @@ class Sampler:
             return SampledBatch(tokens, None, column["logprobs"])
         return SampledBatch(tokens, _pack_logprobs(raw_logprobs, tokens, column["logprobs"]),
                             column["logprobs"])  # fmt: skip
+
+    def _slots_of(
+        self,
+        state: _SlotParams,
+        seqs: SequenceOf[SampledSequence],
+        batch_rows: BatchRows | None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each sequence's slot, whether it is new there, and its output position (what a
+        seeded draw is keyed by). Rows of the persistent batch are read only when their
+        generation changed; sequences past them (forked choices) one by one."""
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        given = 0
+        if batch_rows is not None:
+            rows, generations = batch_rows.rows, batch_rows.generations
+            given = len(rows)
+            joined = state.columns["generation"][rows] != generations
+            for index in np.flatnonzero(joined):
+                state.load(int(rows[index]), seqs[index])
+            state.columns["generation"][rows] = generations
+            parts.append((rows, joined, batch_rows.positions - state.columns["prompt"][rows]))
+        if given < len(seqs):
+            rest = seqs[given:]
+            info = np.array(
+                [(*state.slot_for(seq, rest), len(seq.token_ids) - seq.num_prompt_tokens)
+                 for seq in rest],
+                dtype=np.int64,
+            ).reshape(-1, 3)  # fmt: skip
+            parts.append((info[:, 0], info[:, 1].astype(bool), info[:, 2]))
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty.astype(bool), empty
+        return tuple(np.concatenate(column) for column in zip(*parts, strict=True))  # type: ignore[return-value]
 
     def _penalize(
         self,

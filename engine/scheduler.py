@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from engine.block_manager import BlockManager, blocks_for
 from engine.config import SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
@@ -52,10 +54,26 @@ class ScheduledSequence:
         self.samples = self.start + self.num_new_tokens == self.seq.num_tokens
 
 
+@dataclass(frozen=True)
+class ScheduledArrays:
+    """The scheduled items as int64 columns, built in the scheduler's own pass, so the step's
+    input preparation reads no sequence objects: each request's batch row and its
+    generation (new whenever the row gets a new occupant), first position computed, tokens
+    computed, blocks held and tokens known."""
+
+    rows: np.ndarray
+    generations: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+    table_lens: np.ndarray
+    num_tokens: np.ndarray
+
+
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSequence]
     preempted: list[Sequence]
+    arrays: ScheduledArrays | None = None
 
     @property
     def num_batched_tokens(self) -> int:
@@ -78,6 +96,10 @@ class Scheduler:
         self._live: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.peak_kv_utilization = 0.0
+        # Each running sequence holds one row of the persistent batch (engine.input_batch)
+        # from admission until it leaves running; a row's generation counts its occupants.
+        self._free_rows = list(range(config.max_num_seqs - 1, -1, -1))
+        self._row_generation = [0] * config.max_num_seqs
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -120,6 +142,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
+        columns: list[tuple[int, int, int, int, int, int]] = []
 
         # Running sequences in admission order. A chunk stops short only when it spends the
         # whole budget, so nothing is admitted behind a sequence still prefilling: at most one
@@ -140,15 +163,23 @@ class Scheduler:
                 break  # seq was the youngest itself: nobody is left behind it
             self.block_manager.append_slots(seq, num_new)
             scheduled.append(ScheduledSequence(seq, num_new))
+            columns.append((seq.batch_row, seq.batch_generation, seq.num_computed_tokens,
+                            num_new, len(seq.block_table), seq.num_tokens))  # fmt: skip
             budget -= num_new
             index += 1
 
         # A preemption means blocks ran out: admitting now would only be preempted in turn.
         if not preempted:
-            self._admit(budget, scheduled)
-        return SchedulerOutput(scheduled, preempted)
+            self._admit(budget, scheduled, columns)
+        arrays = ScheduledArrays(*np.array(columns, dtype=np.int64).reshape(-1, 6).T)
+        return SchedulerOutput(scheduled, preempted, arrays)
 
-    def _admit(self, budget: int, scheduled: list[ScheduledSequence]) -> None:
+    def _admit(
+        self,
+        budget: int,
+        scheduled: list[ScheduledSequence],
+        columns: list[tuple[int, int, int, int, int, int]],
+    ) -> None:
         manager = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -163,11 +194,25 @@ class Scheduler:
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
+            self._take_row(seq)
             scheduled.append(ScheduledSequence(seq, num_new))
+            columns.append((seq.batch_row, seq.batch_generation, seq.num_computed_tokens,
+                            num_new, len(seq.block_table), seq.num_tokens))  # fmt: skip
             budget -= num_new
+
+    def _take_row(self, seq: Sequence) -> None:
+        row = self._free_rows.pop()
+        self._row_generation[row] += 1
+        seq.batch_row, seq.batch_generation = row, self._row_generation[row]
+
+    def _release_row(self, seq: Sequence) -> None:
+        if seq.batch_row >= 0:
+            self._free_rows.append(seq.batch_row)
+            seq.batch_row = -1
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.pop()
+        self._release_row(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
@@ -183,9 +228,10 @@ class Scheduler:
         full blocks shared, the partly filled last one copied. The child runs right behind
         the parent (``offset`` places siblings in order) and this step's sampling row of the
         parent is its too. Returns the (source, destination) block copies to make; None when
-        no block is free, and the child then waits to compute its prompt itself."""
+        no block (or no batch row: ``max_num_seqs`` are running) is free, and the child then
+        waits to compute its prompt itself."""
         computed = parent.num_computed_tokens + num_new_tokens
-        copies = self.block_manager.fork(parent, child, computed)
+        copies = self.block_manager.fork(parent, child, computed) if self._free_rows else None
         self._live[child.request_id] = child
         if copies is None:
             child.status = SequenceStatus.WAITING
@@ -195,6 +241,7 @@ class Scheduler:
         child.status = SequenceStatus.RUNNING
         child.first_scheduled_time = parent.first_scheduled_time
         self.running.insert(self.running.index(parent) + offset, child)
+        self._take_row(child)
         return copies
 
     # -- results ----------------------------------------------------------------------------
@@ -287,6 +334,7 @@ class Scheduler:
         return seq
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        self._release_row(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

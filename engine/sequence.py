@@ -61,6 +61,10 @@ class Sequence:
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.num_preemptions = 0
+        # The persistent batch row the scheduler gave this sequence while it runs (-1: none)
+        # and that row's generation then (engine.input_batch keys per-row state by both).
+        self.batch_row = -1
+        self.batch_generation = 0
         self.block_table: list[int] = []
         # Chained hashes of the leading full blocks of block_table already known to the
         # prefix cache, so each block is hashed once however long the sequence grows.

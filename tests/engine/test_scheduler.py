@@ -103,6 +103,11 @@ def check_invariants(scheduler: Scheduler, in_flight: SchedulerOutput | None = N
         assert seq.status is SequenceStatus.WAITING
         assert seq.block_table == [] and seq.num_computed_tokens == 0
     assert len(scheduler.running) <= scheduler.config.max_num_seqs
+    # Each running sequence holds its own batch row; nobody else holds one.
+    rows = [seq.batch_row for seq in scheduler.running]
+    assert len(set(rows)) == len(rows)
+    assert all(0 <= row < scheduler.config.max_num_seqs for row in rows)
+    assert all(seq.batch_row == -1 for seq in scheduler.waiting)
     # No block leaked: each block's refcount is the number of live tables holding it.
     references = Counter(block for seq in scheduler.running for block in seq.block_table)
     for block in manager.blocks:
