@@ -182,6 +182,9 @@ class Thinking(msgspec.Struct, omit_defaults=True):
 
     type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: int | None = None
+    display: Literal["summarized", "omitted"] | None = None
+    """Whether the thinking comes back summarized or left out (its signature still does);
+    ``None``: the model's default."""
 
 
 class ChatRequest(msgspec.Struct, kw_only=True):

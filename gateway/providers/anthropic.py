@@ -32,11 +32,17 @@ SUPPORTED = frozenset(
         "parallel_tool_calls",
         "reasoning_effort",
         "thinking",
+        "thinking_display",
         "service_tier",
         "response_format:json_schema",
         "tool_choice:none",
         "image",
         "image_url",
+        # metadata.user_id (translate/anthropic_out.py); Anthropic has no cache-routing key
+        # (its prompt cache is keyed by the prompt itself), so prompt_cache_key goes without.
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
     }
 )
 

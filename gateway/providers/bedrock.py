@@ -45,7 +45,21 @@ from gateway.providers.hosted import HostedProvider, Sessions, StreamGuard
 from gateway.translate.anthropic_out import thinking_param
 from gateway.translate.turns import split_turns, tool_input, usage_with_cache, with_thinking
 
-SUPPORTED = frozenset({"top_k", "image", "thinking"})
+SUPPORTED = frozenset(
+    {
+        "top_k",
+        "image",
+        # Claude's thinking parameter, as Anthropic's (without display, until Bedrock is seen
+        # to take it: a 400 naming it meanwhile).
+        "thinking",
+        # requestMetadata (recorded in the invocation logs, for attribution): the caller's
+        # identifiers. Bedrock has no cache-routing key (its cache is keyed by cachePoint
+        # blocks), so prompt_cache_key goes without, as the README's provider table documents.
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+    }
+)
 
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -144,6 +158,10 @@ def converse_body(request: ChatRequest) -> dict[str, Any]:
                 {"any": {}} if choice.mode == "required" else {"tool": {"name": choice.name}}
             )
         body["toolConfig"] = tools
+    identifiers = {"user": request.user, "safety_identifier": request.safety_identifier}
+    metadata = {k: v for k, v in identifiers.items() if v is not None}
+    if metadata:
+        body["requestMetadata"] = metadata
     return body
 
 

@@ -75,6 +75,13 @@ def unsupported(request: canonical.ChatRequest) -> ProviderError | None:
             return unsupported_field(name, f"{name} is not available on engine models.")
     if request.store:
         return unsupported_field("store", "Engine models do not store completions.")
+    thinking = request.thinking
+    if thinking is not None and thinking.type != "disabled" and thinking.display is not None:
+        return unsupported_field(
+            "thinking.display",
+            "Engine models return their thinking as written, neither summarized nor left out; "
+            "leave out 'thinking.display'.",
+        )
     if request.service_tier is not None and request.service_tier not in _SERVICE_TIERS:
         return unsupported_field(
             "service_tier", "Engine models have one service tier: auto (or default)."

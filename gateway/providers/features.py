@@ -43,10 +43,19 @@ def _set_fields(request: ChatRequest) -> Iterator[tuple[str, str]]:
         "prediction": request.prediction is not None,
         "web_search_options": request.web_search_options is not None,
         "verbosity": request.verbosity is not None,
+        # Caller identifiers and a cache-routing hint: they never change the answer, and each
+        # adapter declares whether it forwards them or, lacking a field for them, goes without
+        # by the policy the README's provider table documents.
+        "user": request.user is not None,
+        "safety_identifier": request.safety_identifier is not None,
+        "prompt_cache_key": request.prompt_cache_key is not None,
     }
     for name, used in scalar.items():
         if used:
             yield name, name
+    thinking = request.thinking
+    if thinking is not None and thinking.type != "disabled" and thinking.display is not None:
+        yield "thinking_display", "thinking.display"
     if request.output is not None and request.output.kind != "text":
         yield f"response_format:{request.output.kind}", "response_format"
     if request.tool_choice is not None and request.tool_choice.mode == "none":

@@ -49,11 +49,19 @@ SUPPORTED = frozenset(
         "frequency_penalty",
         "top_k",
         "thinking",
+        # Gemini returns thought summaries (includeThoughts) or no thoughts at all.
+        "thinking_display",
         "reasoning_effort",
         "response_format:json_object",
         "response_format:json_schema",
         "tool_choice:none",
         "image",
+        # The Gemini API has no per-request field for an end user or a cache-routing key
+        # (labels exist only on Vertex AI, for billing); these identifiers never change the
+        # answer, so they go without, as the README's provider table documents.
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
     }
 )
 
@@ -141,7 +149,8 @@ def generate_body(request: ChatRequest) -> dict[str, Any]:
             budget = _EFFORT_BUDGET[request.reasoning_effort]
         else:
             budget = -1  # adaptive: the model decides
-        generation["thinkingConfig"] = {"thinkingBudget": budget, "includeThoughts": budget != 0}
+        shown = budget != 0 and (thinking is None or thinking.display != "omitted")
+        generation["thinkingConfig"] = {"thinkingBudget": budget, "includeThoughts": shown}
     if generation:
         body["generationConfig"] = generation
     if request.tools:

@@ -45,6 +45,12 @@ class TextBlock(_Wire, tag="text", tag_field="type"):
     text: str
     cache_control: CacheControl | None = None
     citations: list[dict[str, Any]] | None = None
+    """Accepted and not forwarded. Citations are what Claude returned on an earlier answer's
+    text, pointing into document (or search result) blocks of that request; an SDK sends the
+    answer back as history with them on. They are not prompt text (Anthropic's citations guide:
+    ``cited_text`` sent back in later turns does not count as input tokens), and the documents
+    they point into cannot be here: this API refuses document blocks. So the text is the whole
+    of what the model reads, and every backend gets that."""
 
 
 class Base64Source(_Wire, tag="base64", tag_field="type"):
@@ -268,7 +274,8 @@ def canonical(body: _Prompt) -> ChatRequest:
     if config is not None and config.effort is not None:
         request.reasoning_effort = _EFFORT[config.effort]
     if body.thinking is not None:
-        request.thinking = Thinking(body.thinking.type, body.thinking.budget_tokens)
+        thinking = body.thinking
+        request.thinking = Thinking(thinking.type, thinking.budget_tokens, thinking.display)
     if isinstance(body, MessagesRequest):
         request.sampling = Sampling(
             max_tokens=body.max_tokens,

@@ -94,6 +94,8 @@ def thinking_param(thinking: Thinking) -> dict[str, Any]:
     param: dict[str, Any] = {"type": thinking.type}
     if thinking.type == "enabled":
         param["budget_tokens"] = thinking.budget_tokens or 1024
+    if thinking.display is not None and thinking.type != "disabled":
+        param["display"] = thinking.display
     return param
 
 
@@ -116,7 +118,9 @@ def messages_body(request: ChatRequest, model: str) -> dict[str, Any]:
         "service_tier": request.service_tier,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
-    user = request.user or request.safety_identifier
+    # Anthropic's user_id is OpenAI's safety_identifier (an opaque id of the end user, for
+    # abuse detection), and OpenAI's older user field served the same end: one of them goes.
+    user = request.safety_identifier or request.user
     if user:
         body["metadata"] = {"user_id": user}
     if request.tools:

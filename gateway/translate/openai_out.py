@@ -137,6 +137,8 @@ def _built(request: ChatRequest) -> dict[str, Any]:
         "parallel_tool_calls": request.parallel_tool_calls,
         "reasoning_effort": request.reasoning_effort,
         "user": request.user,
+        "safety_identifier": request.safety_identifier,
+        "prompt_cache_key": request.prompt_cache_key,
         "metadata": request.metadata,
         "service_tier": request.service_tier,
     }

@@ -314,3 +314,21 @@ def test_plain_requests_carry_no_constraint_tools_or_logprobs() -> None:
     assert (wire.tool_choice, wire.n) == ("auto", 1)
     thinking = _wire({"model": "m", "messages": HELLO, "reasoning_effort": "high"})
     assert thinking.chat_template_kwargs == {"enable_thinking": True}
+
+
+def test_thinking_display_is_a_400_for_engines(gateway: str, make_key: Callable[..., str]) -> None:
+    # An engine returns the checkpoint's thinking as written: never summarized, never left out.
+    body = {
+        "model": "engine-only",
+        "max_tokens": 5,
+        "messages": HELLO,
+        "thinking": {"type": "enabled", "budget_tokens": 1024, "display": "summarized"},
+    }
+    response = httpx.post(f"{gateway}/v1/messages", json=body, headers={"x-api-key": make_key()})
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+    assert "thinking.display" in error["error"]["message"]
+    del body["thinking"]["display"]  # type: ignore[attr-defined]
+    response = httpx.post(f"{gateway}/v1/messages", json=body, headers={"x-api-key": make_key()})
+    assert response.status_code == 529, response.text  # admitted: the pool has no worker
