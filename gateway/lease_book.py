@@ -158,7 +158,7 @@ class LeaseBook:
     async def _write(self, lease: Lease) -> None:
         with contextlib.suppress(RedisError):
             if lease.request_id in self._leases:
-                keys, args = renew_call([lease])
+                keys, args = renew_call([lease], time.time(), self._limiter.slot_ttl_s)
                 await self._redis.eval(RENEW_LUA, len(keys), *keys, *args)
 
     def forget(self, request_id: str) -> None:
@@ -222,7 +222,7 @@ class LeaseBook:
             by_hash.setdefault(lease.settle_keys[-1], []).append(lease)
         pipe: Pipeline = self._redis.pipeline(transaction=False)
         for leases in by_hash.values():
-            keys, args = renew_call(leases)
+            keys, args = renew_call(leases, now, self._limiter.slot_ttl_s)
             pipe.eval(RENEW_LUA, len(keys), *keys, *args)
         if self._hashes:
             pipe.sadd(self._hashes_key, *self._hashes)

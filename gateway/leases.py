@@ -31,16 +31,33 @@ from gateway.pricing import Price
 from gateway.usage import UsageEvent
 
 RENEW_LUA = """
--- KEYS: a lease hash, the key's epoch, then each lease's held marker; ARGV: per lease its
--- request id, the lease, its admission epoch. A lease is written only while its request is
--- unsettled (held marker '1'), or put back when Redis lost it (restarted empty: no marker,
--- another epoch). A settled one is never written back: that would settle it a second time.
+-- KEYS: a lease hash, the key's epoch, the concurrency slots of the key (and of its team),
+-- then each lease's held marker; ARGV: the number of slot keys, now, the slot ttl, then per
+-- lease its request id, the lease, its admission epoch. A lease is written only while its
+-- request is unsettled (held marker '1'), or put back when Redis lost it (restarted empty: no
+-- marker, another epoch). A settled one is never written back: that would settle it a second
+-- time. A live request's held marker and slots are pushed out by a slot ttl: they outlive a
+-- request that runs longer than its deadline margin (a stream with no total bound) as long as
+-- its replica renews, and free themselves that long after the renewals stop.
 local current = redis.call('get', KEYS[2])
-for i = 3, #KEYS do
-  local a = 3 * (i - 3)
+local slots, now, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local first = 3 + slots
+for i = first, #KEYS do
+  local a = 3 + 3 * (i - first)
   local held = redis.call('get', KEYS[i])
-  if held == '1' or (not held and ARGV[a + 3] ~= '' and current ~= ARGV[a + 3]) then
+  if held == '1' then
     redis.call('hset', KEYS[1], ARGV[a + 1], ARGV[a + 2])
+    redis.call('expire', KEYS[i], math.ceil(ttl))
+    for s = 3, first - 1 do
+      redis.call('zadd', KEYS[s], 'XX', 'GT', now + ttl, ARGV[a + 1])
+    end
+  elseif not held and ARGV[a + 3] ~= '' and current ~= ARGV[a + 3] then
+    redis.call('hset', KEYS[1], ARGV[a + 1], ARGV[a + 2])
+  end
+end
+for s = 3, first - 1 do
+  if redis.call('ttl', KEYS[s]) >= 0 and redis.call('ttl', KEYS[s]) < ttl then
+    redis.call('expire', KEYS[s], math.ceil(ttl))
   end
 end
 return 1
@@ -149,11 +166,15 @@ class LeaseDraft:
         return encoder.encode(self.lease)
 
 
-def renew_call(leases: list[Lease]) -> tuple[list[str], list[str | bytes]]:
-    """RENEW_LUA's keys and args for leases of one hash."""
-    _, epoch, hash_key = leases[0].settle_keys[-3:]
-    keys = [hash_key, epoch]
-    args: list[str | bytes] = []
+def renew_call(
+    leases: list[Lease], now: float, slot_ttl_s: float
+) -> tuple[list[str], list[str | bytes]]:
+    """RENEW_LUA's keys and args for leases of one hash (one key: the same slots)."""
+    settle_keys = leases[0].settle_keys
+    _, epoch, hash_key = settle_keys[-3:]
+    slots = [settle_keys[4 * scope + 3] for scope in range((len(settle_keys) - 3) // 4)]
+    keys = [hash_key, epoch, *slots]
+    args: list[str | bytes] = [str(len(slots)), repr(now), repr(slot_ttl_s)]
     for lease in leases:
         keys.append(lease.settle_keys[-3])
         args += [lease.request_id, encoder.encode(lease), lease.epoch]

@@ -175,6 +175,11 @@ class RateLimiter:
         self._settle_sha = ""
         self._seed_sha = ""
 
+    @property
+    def slot_ttl_s(self) -> float:
+        """How long a concurrency slot and held marker live past their last booking or renewal."""
+        return self._slot_ttl_s
+
     async def load(self) -> None:
         self._admit_sha = await self._redis.script_load(ADMIT_LUA)
         self._settle_sha = await self._redis.script_load(SETTLE_LUA)

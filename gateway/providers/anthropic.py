@@ -95,7 +95,9 @@ class AnthropicProvider(HostedProvider):
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         reader = StreamReader()
         guard = StreamGuard(self.name)
-        async with self._http.stream(self._url, self._headers, self._body(request, True)) as resp:
+        async with self._http.stream(
+            self._url, self._headers, self._body(request, True), deadline=request.deadline
+        ) as resp:
             with guard.reading():
                 async for name, data in sse_events(resp):
                     event = json.loads(data)

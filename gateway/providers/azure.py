@@ -95,7 +95,7 @@ class AzureProvider(HostedProvider):
         guard = StreamGuard(self.name, "chunk")
         finished = False
         headers = with_traceparent(self._headers, request.traceparent)
-        async with self._http.stream(self._url, headers, body) as resp:
+        async with self._http.stream(self._url, headers, body, deadline=request.deadline) as resp:
             with guard.reading():
                 async for _, data in sse_events(resp):
                     if data.strip() == "[DONE]":

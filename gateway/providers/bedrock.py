@@ -303,7 +303,7 @@ class BedrockProvider(HostedProvider):
         # ParserError: a frame whose checksum or lengths are wrong (not a ValueError).
         guard = StreamGuard(self.name, decode_errors=(EventStreamError, ParserError, ValueError))
         buffer = EventStreamBuffer()
-        async with self._http.stream(url, headers, body) as resp:
+        async with self._http.stream(url, headers, body, deadline=request.deadline) as resp:
             with guard.reading():
                 async for data in resp.aiter_bytes():
                     buffer.add_data(data)

@@ -300,7 +300,7 @@ class GeminiProvider(HostedProvider):
         usage: Usage | None = None
         guard = StreamGuard(self.name)
         finished: list[ChoiceDelta] = []
-        async with self._http.stream(url, self._headers, body) as resp:
+        async with self._http.stream(url, self._headers, body, deadline=request.deadline) as resp:
             with guard.reading():
                 async for _, data in sse_events(resp):
                     event = json.loads(data)

@@ -259,12 +259,16 @@ class HostedClient:
 
     @asynccontextmanager
     async def stream(
-        self, url: str, headers: dict[str, str], body: bytes
+        self, url: str, headers: dict[str, str], body: bytes, *, deadline: float
     ) -> AsyncIterator[StreamedResponse]:
         """An open streamed response with a 2xx status (the caller reads its body; a failure
-        while reading is the caller's to map, as only it knows whether output had started)."""
+        while reading is the caller's to map, as only it knows whether output had started).
+        Each read waits at most the read timeout, and the whole stream ends by the request's
+        ``deadline``: past it the request's concurrency slot and reservation stop being
+        held for it (``gateway.limits``), so its tokens would go uncounted."""
+        total = max(0.001, deadline - time.time()) if deadline else None
         timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=self._read_timeout_s
+            total=total, sock_connect=CONNECT_TIMEOUT_S, sock_read=self._read_timeout_s
         )
         try:
             response = await self._sessions.get().post(

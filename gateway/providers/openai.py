@@ -182,7 +182,16 @@ class OpenAIProvider:
                 if reply.status_code >= 400:
                     raw = await reply.aread()
                     raise _error_from_response(reply.status_code, raw, self.name)
+                deadline = request.deadline
                 async for line in reply.aiter_lines():
+                    if deadline and time.time() > deadline:
+                        # Reads are bounded one by one; this bounds the whole stream (past
+                        # its deadline the request's slot and reservation are no longer held).
+                        raise ProviderError(
+                            f"deployment {self.name} passed the request's deadline",
+                            retryable=not started,
+                            status_code=504,
+                        )
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()

@@ -3,6 +3,7 @@ renewed without bringing back a settled request, and settled by another replica'
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -12,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.auth import ApiKeyRecord
+from gateway.errors import RateLimited
 from gateway.lease_book import LeaseBook
 from gateway.leases import lease_hashes_key
 from gateway.limits import Admission, RateLimiter
@@ -180,3 +182,27 @@ async def test_a_lease_redis_lost_is_put_back_and_settled_in_full_once(
     # The replica was only paused: its own settle afterwards counts nothing twice.
     assert await replicas.limiter.settle(admission, 8) is False
     assert await replicas.budget_used() == 100 + 8
+
+
+async def test_a_live_request_keeps_its_slot_and_reservation_past_the_slot_ttl(
+    replicas: Replicas,
+) -> None:
+    """A request that runs longer than its slot's ttl (request timeout + margin) while its
+    replica renews keeps its concurrency slot and its held marker: max_parallel_requests
+    still holds, and its settle still corrects the reservation."""
+    book = replicas.book()
+    live = await replicas.admit(book)
+    held, slots = live.settle_keys[-3], live.settle_keys[3]
+    # It has run almost to the end of its slot's ttl: marker and slot lapse in 0.3 s...
+    await replicas.redis.pexpire(held, 300)
+    await replicas.redis.zadd(slots, {live.request_id: time.time() + 0.3})
+    await book.renew()  # ...but its replica renews it.
+    await asyncio.sleep(0.4)
+
+    other = await replicas.admit(book)
+    with pytest.raises(RateLimited):  # two at a time, both still running
+        await replicas.admit(book)
+    assert await replicas.limiter.settle(live, 20)
+    assert await replicas.budget_used() == 20 + 50  # and the other one's reservation
+    assert await replicas.limiter.settle(other, 30)
+    assert await replicas.budget_used() == 20 + 30
