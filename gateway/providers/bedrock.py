@@ -2,7 +2,8 @@
 
 ``POST /model/{modelId}/converse`` and ``/converse-stream``, signed with botocore's SigV4
 signer with credentials from the standard AWS chain (environment, shared files, instance
-role), resolved once and refreshed by botocore. ConverseStream answers in AWS's binary event
+role), resolved and refreshed in a worker thread (aws_credentials.py: the chain's probes would
+stall the event loop). ConverseStream answers in AWS's binary event
 stream, decoded with botocore's ``EventStreamBuffer``. Turns are split and merged as for
 Anthropic (translate/turns.py): system turns to ``system``, tool results to ``user`` turns of
 ``toolResult``; the blocks are Converse's own. Claude's ``thinking`` parameter travels in
@@ -39,6 +40,7 @@ from gateway.canonical import (
     ToolResult,
     Usage,
 )
+from gateway.providers.aws_credentials import AwsCredentials
 from gateway.providers.base import ProviderError
 from gateway.providers.features import data_url, first_unsupported
 from gateway.providers.hosted import HostedProvider, Sessions, StreamGuard
@@ -265,25 +267,19 @@ class BedrockProvider(HostedProvider):
         self._region = region or session.get_config_variable("region") or "us-east-1"
         base = base_url or f"https://bedrock-runtime.{self._region}.amazonaws.com"
         self._base = f"{base.rstrip('/')}/model/{quote(model, safe='')}"
-        self._credentials = credentials
-        self._session = session
+        self._credentials = AwsCredentials(session, credentials)
 
-    def _signed_headers(self, url: str, body: bytes, accept: str) -> dict[str, str]:
-        if self._credentials is None:
-            self._credentials = self._session.get_credentials()
-            if self._credentials is None:
-                raise ProviderError(
-                    f"deployment {self.name} has no AWS credentials", retryable=True
-                )
+    async def _signed_headers(self, url: str, body: bytes, accept: str) -> dict[str, str]:
+        frozen = await self._credentials.frozen()
+        if frozen is None:
+            raise ProviderError(f"deployment {self.name} has no AWS credentials", retryable=True)
         request = AWSRequest(
             method="POST",
             url=url,
             data=body,
             headers={"content-type": "application/json", "accept": accept},
         )
-        SigV4Auth(self._credentials.get_frozen_credentials(), "bedrock", self._region).add_auth(
-            request
-        )
+        SigV4Auth(frozen, "bedrock", self._region).add_auth(request)
         return dict(request.headers.items())
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
@@ -292,13 +288,13 @@ class BedrockProvider(HostedProvider):
     async def complete(self, request: ChatRequest) -> Response:
         url = f"{self._base}/converse"
         body = json.dumps(converse_body(request)).encode()
-        headers = self._signed_headers(url, body, "application/json")
+        headers = await self._signed_headers(url, body, "application/json")
         return await self._answer(request, url, headers, body, response_of)
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         url = f"{self._base}/converse-stream"
         body = json.dumps(converse_body(request)).encode()
-        headers = self._signed_headers(url, body, "application/vnd.amazon.eventstream")
+        headers = await self._signed_headers(url, body, "application/vnd.amazon.eventstream")
         reader = _StreamReader()
         # ParserError: a frame whose checksum or lengths are wrong (not a ValueError).
         guard = StreamGuard(self.name, decode_errors=(EventStreamError, ParserError, ValueError))
