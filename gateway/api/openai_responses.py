@@ -63,6 +63,11 @@ class ResponsesRenderer:
         self._data = data
         self._stream: ResponsesStream | None = None
 
+    def _new_stream(self, call: Call) -> ResponsesStream:
+        options = self._data.stream_options
+        obfuscate = options is None or options.include_obfuscation is not False
+        return ResponsesStream(self._envelope(call), obfuscate)
+
     def _envelope(self, call: Call) -> Envelope:
         return Envelope(call.response_id, call.created, call.public_model, _echo(self._data))
 
@@ -71,7 +76,7 @@ class ResponsesRenderer:
         return _encode(response_body(self._envelope(call), answer, call.usage, call.finish_reason))
 
     def opening(self, call: Call, first: Chunk) -> bytes:
-        self._stream = ResponsesStream(self._envelope(call))
+        self._stream = self._new_stream(call)
         return self._stream.start()
 
     def chunk(self, call: Call, chunk: Chunk) -> bytes:
@@ -83,7 +88,7 @@ class ResponsesRenderer:
         return self._stream.end(call.finish_reason, call.billed())
 
     def error(self, call: Call, error: OpenAIError) -> bytes:
-        stream = self._stream or ResponsesStream(self._envelope(call))
+        stream = self._stream or self._new_stream(call)
         body = error.body()["error"]
         return stream.failed(str(body.get("code") or body["type"]), body["message"])
 

@@ -67,7 +67,10 @@ class MessageItem(_Wire, tag="message", tag_field="type"):
     content: str | list[InputText | OutputText | Refusal | InputImage]
     id: str | None = None
     status: str | None = None
-    phase: str | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+    """Accepted and not forwarded: it labels an earlier answer of an OpenAI model (gpt-5.3-codex
+    and later, which want it back), and no backend here is one by the Responses API (Azure is
+    reached by Chat Completions, which has no such label); the text is what a model reads."""
 
 
 class FunctionCallItem(_Wire, tag="function_call", tag_field="type"):

@@ -5,6 +5,7 @@ Responses events (``response.created``, ``response.output_item.added``,
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import msgspec
@@ -12,6 +13,16 @@ import msgspec
 from gateway.canonical import Chunk, Response, TextPart, TokenLogprob, ToolCall, Usage
 
 _encode = msgspec.json.Encoder().encode
+
+_PAD_TO = 32
+"""Stream obfuscation pads a delta event's ``delta`` with random characters in
+``obfuscation`` up to the next multiple of this many, so an event's size no longer tells the
+length of the tokens it carries (OpenAI's ``stream_options.include_obfuscation``, on unless the
+client turns it off)."""
+
+
+def _obfuscation(delta: str) -> str:
+    return secrets.token_urlsafe(_PAD_TO)[: _PAD_TO - len(delta.encode()) % _PAD_TO]
 
 
 def usage_body(usage: Usage) -> dict[str, Any]:
@@ -140,8 +151,9 @@ def response_body(
 class ResponsesStream:
     """One stream's events; output items opened as the chunks' kinds change."""
 
-    def __init__(self, envelope: Envelope) -> None:
+    def __init__(self, envelope: Envelope, obfuscate: bool = True) -> None:
         self._envelope = envelope
+        self._obfuscate = obfuscate
         self._suffix = envelope.response_id.removeprefix("resp_")
         self._seq = 0
         self._items: list[dict[str, Any]] = []
@@ -149,6 +161,8 @@ class ResponsesStream:
         self._calls = 0
 
     def _event(self, kind: str, **fields: Any) -> bytes:
+        if self._obfuscate and "delta" in fields:
+            fields["obfuscation"] = _obfuscation(fields["delta"])
         payload = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
         return b"event: " + kind.encode() + b"\ndata: " + _encode(payload) + b"\n\n"

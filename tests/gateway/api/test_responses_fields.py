@@ -3,9 +3,11 @@ backend) or is a 400 in OpenAI's shape whose ``param`` is the field's JSON path.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -115,3 +117,28 @@ def test_reasoning_goes_with_the_assistant_output_right_after_it() -> None:
     )
     tool = canonical(body).messages[-1].parts[0]  # type: ignore[index]
     assert isinstance(tool, ToolResult) and tool.content == [ImagePart(PIXEL, "low")]
+
+
+@pytest.mark.parametrize(
+    "options", [None, {"include_obfuscation": True}, {"include_obfuscation": False}]
+)
+def test_stream_obfuscation_pads_each_delta_unless_turned_off(
+    gateway: str, make_key: Callable[..., str], options: dict[str, bool] | None
+) -> None:
+    body: dict[str, Any] = {"model": "echo", "input": "say some words", "stream": True}
+    if options is not None:
+        body["stream_options"] = options
+    headers = {"authorization": f"Bearer {make_key()}"}
+    with httpx.stream("POST", f"{gateway}/v1/responses", json=body, headers=headers) as response:
+        assert response.status_code == 200
+        events = [
+            json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")
+        ]
+    deltas = [e for e in events if e["type"].endswith(".delta")]
+    assert deltas, events
+    for event in deltas:
+        if options == {"include_obfuscation": False}:
+            assert "obfuscation" not in event
+        else:
+            padded = len(event["delta"].encode()) + len(event["obfuscation"])
+            assert padded % 32 == 0 and event["obfuscation"]
