@@ -302,7 +302,10 @@ class Call:
         return Usage(self.prompt_tokens or self.prompt_estimate, self.delivered_tokens)
 
     def chunk_received(self, chunk: Chunk) -> None:
-        if self.first_token_at is None:
+        # The answer begins with output or its finish, not with a chunk that only opens the
+        # stream (a role, Anthropic's message_start): TTFT is measured, and a stream that
+        # fails later billed, from there.
+        if self.first_token_at is None and chunk.is_answer():
             self.first_token_at = time.perf_counter()
         if chunk.has_output():
             self.delivered_tokens += chunk.num_tokens or 1
@@ -318,7 +321,7 @@ class Call:
                 self.request_id,
                 prompt_tokens=self.prompt_tokens,
                 delivered_tokens=self.delivered_tokens,
-                first_token=True,
+                first_token=self.first_token_at is not None,
                 deployment=self.deployment.name if self.deployment else None,
             )
 

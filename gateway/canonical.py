@@ -309,6 +309,16 @@ class ChoiceDelta(msgspec.Struct, omit_defaults=True):
             or self.reasoning_redacted
         )
 
+    def is_answer(self) -> bool:
+        """Output, the tokens' logprobs, a reasoning signature or the finish: something of this
+        deployment's own answer (what precedes it, a role, could come from any deployment)."""
+        return bool(
+            self.has_output()
+            or self.logprobs
+            or self.reasoning_signature
+            or self.finish_reason is not None
+        )
+
 
 @dataclass(slots=True)
 class Chunk:
@@ -327,6 +337,12 @@ class Chunk:
 
     def has_output(self) -> bool:
         return any(choice.has_output() for choice in self.choices)
+
+    def is_answer(self) -> bool:
+        """Whether the answer has begun with this chunk: output, logprobs, a finish or usage.
+        The chunks before it (Anthropic's ``message_start``, OpenAI's role-only chunk) carry
+        no answer, so a failure after them may still move to another deployment."""
+        return self.usage is not None or any(choice.is_answer() for choice in self.choices)
 
     def finish_reason(self) -> FinishReason | None:
         for choice in self.choices:

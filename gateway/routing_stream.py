@@ -31,11 +31,21 @@ class Generation:
     async def aclose(self) -> None:
         await self._iterator.aclose()
 
-    async def _start(self, deployment: Deployment) -> tuple[AsyncIterator[Chunk], Chunk]:
+    async def _start(self, deployment: Deployment) -> tuple[AsyncIterator[Chunk], list[Chunk]]:
+        """Opens ``deployment``'s stream and reads it up to the chunk that begins the answer
+        (``Chunk.is_answer``), keeping the chunks before it. Only then is the deployment
+        chosen: an upstream that opens its stream (Anthropic's ``message_start``, OpenAI's
+        role-only chunk) and then reports an overload has answered nothing yet, so its error
+        still goes back to ``Router.serve`` to be retried or moved past."""
         self.deployment = deployment
         chunks = aiter(deployment.provider.generate(self._request))
+        opening: list[Chunk] = []
         try:
-            first = await anext(chunks)
+            while True:
+                chunk = await anext(chunks)
+                opening.append(chunk)
+                if chunk.is_answer():
+                    return chunks, opening
         except StopAsyncIteration:
             await chunks.aclose()  # type: ignore[attr-defined]
             raise ProviderError(
@@ -44,15 +54,15 @@ class Generation:
         except BaseException:
             await chunks.aclose()  # type: ignore[attr-defined]
             raise
-        return chunks, first
 
     async def _run(self) -> AsyncIterator[Chunk]:
-        deployment, (chunks, first) = await self._router.serve(
+        deployment, (chunks, opening) = await self._router.serve(
             self._route, self._request, self._start, hold=True
         )
         self.deployment = deployment
         try:
-            yield first
+            for chunk in opening:
+                yield chunk
             async for chunk in chunks:
                 yield chunk
         except ProviderError as exc:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
+import redis
 from botocore.credentials import Credentials
 
 from gateway.providers.anthropic import AnthropicProvider
@@ -14,6 +18,7 @@ from gateway.providers.azure import AzureProvider
 from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.gemini import GeminiProvider
 from gateway.providers.hosted import Sessions
+from gateway.usage import EVENT_FIELD, UsageEvent
 
 from ..api.servers import ServerThread
 from . import fake_anthropic, fake_bedrock
@@ -93,7 +98,9 @@ async def make_provider(
 def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
     """One public model per (provider kind, fake model): ``{kind}-{model}``, e.g.
     ``gemini-plain``; plus ``spread-limited``: a rate-limited Anthropic deployment first,
-    then a working Gemini one."""
+    then a working Gemini one; ``opens-then-overloaded``: a deployment that opens its stream
+    and then reports an overload first, then a working one (``azure-opens-then-drops``: one
+    that sends OpenAI's role-only chunk and ends); ``only-opens-then-overloaded``: no other."""
 
     def spec(kind: str, model: str) -> dict[str, Any]:
         base = fakes[kind.split("-")[0]][1]
@@ -142,8 +149,57 @@ def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
             "deployments": [spec("anthropic", "short-context")],
             "context_window_fallbacks": ["gemini-plain"],
         },
+        {
+            "name": "opens-then-overloaded",
+            "deployments": [
+                {**spec("anthropic", "opens-overloaded"), "name": "opens", "weight": 1000},
+                {**anthropic, "name": "steady", "weight": 0.001},
+            ],
+        },
+        {
+            "name": "only-opens-then-overloaded",
+            "deployments": [{**spec("anthropic", "opens-overloaded"), "name": "only-opens"}],
+        },
+        {
+            "name": "azure-opens-then-drops",
+            "deployments": [
+                {**spec("azure", "cut-1"), "name": "azure-opens", "weight": 1000},
+                {**spec("azure", "plain"), "name": "azure-steady", "weight": 0.001},
+            ],
+        },
     ]
     return {"models": models}
+
+
+@pytest.fixture(scope="module")
+def hosted_usage_stream() -> str:
+    """The Redis stream the hosted gateway appends its usage events to."""
+    return f"sg:usage:hosted:{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def hosted_usage(
+    hosted_usage_stream: str, redis_url: str
+) -> Iterator[Callable[..., list[UsageEvent]]]:
+    """``hosted_usage(request_id)``: the hosted gateway's usage events for one request
+    (waits briefly for settlement, which follows a streamed response)."""
+    client = redis.Redis.from_url(redis_url)
+    decoder = msgspec.json.Decoder(UsageEvent)
+
+    def read(request_id: str, *, wait_s: float = 2.0) -> list[UsageEvent]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            events = [
+                event
+                for _, fields in client.xrange(hosted_usage_stream)
+                if (event := decoder.decode(fields[EVENT_FIELD])).request_id == request_id
+            ]
+            if events or time.monotonic() > deadline:
+                return events
+            time.sleep(0.02)
+
+    yield read
+    client.close()
 
 
 @pytest.fixture(scope="module")
@@ -151,14 +207,13 @@ def hosted_gateway(
     fakes: dict[str, tuple[Any, str]],
     admin_database_url: str,
     redis_url: str,
+    hosted_usage_stream: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, str]]:
     """A gateway (real PostgreSQL and Redis) in front of the fake providers: (URL, a key)."""
     import os
-    import uuid
     from pathlib import Path
 
-    import redis
     import yaml
 
     from gateway.app import create_app
@@ -183,7 +238,7 @@ def hosted_gateway(
             redis_url=redis_url,
             master_key=f"sg-master-{unique}",
             config=str(config),
-            usage_stream=f"sg:usage:hosted:{unique}",
+            usage_stream=hosted_usage_stream,
             run_usage_flusher=False,
             cooldown_failures=100,
         )

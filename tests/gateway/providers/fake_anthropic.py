@@ -5,7 +5,9 @@ shared fake model (fake_common.py); a ``thinking`` request gets a thinking block
 reports 2 cache-read and 1 cache-write tokens besides ``input_tokens``. Errors use Anthropic's
 ``{"type": "error", "error": {...}}`` shape: ``limited`` 429 rate_limit_error, ``down`` 529
 overloaded_error, ``bad`` 400 invalid_request_error; ``once-limited`` answers every other call
-429 with ``retry-after-ms: 300``; ``short-context`` refuses prompts over 3 words as too long.
+429 with ``retry-after-ms: 300``; ``short-context`` refuses prompts over 3 words as too long;
+``opens-overloaded`` streams ``message_start`` and a ``ping``, then an ``overloaded_error``
+event, as Anthropic does when it runs out of capacity after opening a stream (whole: 529).
 ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}``: the words of the messages
 and the system prompt, plus each tool's name and description words; like Anthropic's, it
 refuses the fields it does not take (``max_tokens``, sampling, ``stream``, ...). With thinking
@@ -90,8 +92,8 @@ class FakeAnthropic(FakeServer):
         if model == "short-context" and count_words(body["messages"]) > 3:
             error = _error("invalid_request_error", "prompt is too long: 4 tokens > 3 maximum")
             return await send_json(send, 400, error)
-        if model in _ERRORS:
-            status, kind, message = _ERRORS[model]
+        if model in _ERRORS or (model == "opens-overloaded" and not body.get("stream")):
+            status, kind, message = _ERRORS.get(model, _ERRORS["down"])
             extra = {"retry-after": "0"} if status == 429 else {}
             return await send_json(send, status, _error(kind, message), extra)
         tools = [t["name"] for t in body.get("tools") or ()]
@@ -145,6 +147,9 @@ class FakeAnthropic(FakeServer):
         start["usage"] = {**usage, "output_tokens": 1}
         await send_bytes(send, sse({"type": "message_start", "message": start}, "message_start"))
         await send_bytes(send, sse({"type": "ping"}, "ping"))
+        if model == "opens-overloaded":
+            overloaded = _error(*_ERRORS["down"][1:])
+            return await send_bytes(send, sse(overloaded, "error"), more=False)
         for index, block in enumerate(blocks):
             for event in _block_events(index, block):
                 await send_bytes(send, sse(event, event["type"]))
