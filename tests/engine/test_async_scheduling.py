@@ -102,3 +102,34 @@ def test_n_choices_equal_the_synchronous_loop(llama_dir: Path) -> None:
     want = choices(llama_dir, async_scheduling=False)
     assert len(want) == 9
     assert choices(llama_dir, async_scheduling=True) == want
+
+
+def test_abort_while_its_step_is_in_flight(llama_dir: Path) -> None:
+    """An abort between steps ends the request at once; its step still on the device is
+    dropped when completed, and its batch mates go on exactly as without it."""
+
+    def run(abort_at: int | None) -> tuple[list[int], list]:
+        llm = LLM(str(llama_dir), num_kv_blocks=64, dtype="float32", async_scheduling=True)
+        engine = llm.engine
+        for name, prompt in (("victim", prompts()[3]), ("mate", prompts()[4])):
+            engine.add_request(name, prompt, SamplingParams(max_tokens=10, temperature=0))
+        mate: list[int] = []
+        victim = []
+        steps = 0
+        while engine.has_unfinished():
+            if steps == abort_at:
+                assert engine._in_flight is not None
+                victim += engine.abort("victim")
+            for delta in engine.step():
+                if delta.request_id == "mate":
+                    mate.extend(delta.token_ids)
+                else:
+                    victim.append(delta)
+            steps += 1
+        return mate, victim
+
+    alone, _ = run(None)
+    mate, victim = run(3)
+    assert mate == alone
+    assert victim[-1].finish_reason == "abort" and victim[-1].done
+    assert sum(d.done for d in victim) == 1
