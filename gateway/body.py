@@ -92,8 +92,10 @@ def _refuse_nul(request: Request[Any, Any, Any], body: bytes) -> None:
 async def check_body(request: Request[Any, Any, Any]) -> None:
     """``before_request`` hook: enforce the size and nesting limits on a body that has one,
     and keep NUL characters out of what the admin API stores."""
-    stored = request.url.path.startswith(_STORED_PREFIX)
-    if request.method not in _BODY_METHODS:
+    # The scope's own values: request.url would parse a URL object on every request.
+    scope = request.scope
+    stored = scope["path"].startswith(_STORED_PREFIX)
+    if scope["method"] not in _BODY_METHODS:
         if stored:
             _refuse_nul(request, b"")
         return
