@@ -200,6 +200,8 @@ class EngineCore:
         """Live choices by sequence id; a request's choice 0 has the request's own id."""
         self._groups: dict[str, RequestGroup] = {}
         self._num_guided = 0
+        self._num_unforked = 0
+        """Live requests (n > 1) whose choices are still to be forked from choice 0."""
         """Live choices with a grammar guide: while there are any, steps do not overlap."""
         self.async_scheduling = (
             self.device.type == "cuda"
@@ -283,6 +285,7 @@ class EngineCore:
             reasoning=chat and self.reasoning,
         )
         self._groups[request_id] = group
+        self._num_unforked += group.unforked
         choice = self._start_choice(group, seq, 0)
         if resumed:
             choice.replay(resumed)
@@ -318,8 +321,14 @@ class EngineCore:
         delta.usage = Usage(0, group.completion_tokens, group.num_cached_tokens)
         delta.done = group.finish(index)
         if delta.done:
-            del self._groups[group.request_id]
+            self._drop_group(group)
         return delta
+
+    def _drop_group(self, group: RequestGroup) -> None:
+        del self._groups[group.request_id]
+        if group.unforked:  # ended before its prompt was done: it never forks
+            group.unforked = False
+            self._num_unforked -= 1
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
@@ -362,15 +371,18 @@ class EngineCore:
         step = self.runner.last_step
         assert step is not None
         sampling_items = [item for item in output.scheduled if item.samples]
-        requests = [self._requests.get(item.seq.request_id) for item in sampling_items]
-        forked_rows = self._fork_choices(sampling_items, requests, output.scheduled)
-        if forked_rows:
-            rows = torch.tensor(forked_rows, device=logits.device)
-            logits = torch.cat([logits, logits.index_select(0, rows)])
-        guides = [r.guide if r is not None else None for r in requests]
+        forked_rows: list[int] = []
         constrain = None
-        if any(g is not None and g.active for g in guides):
-            constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
+        # Choices to fork and grammars to apply are rare: most steps skip both passes.
+        if self._num_unforked or self._num_guided:
+            requests = [self._requests.get(item.seq.request_id) for item in sampling_items]
+            forked_rows = self._fork_choices(sampling_items, requests, output.scheduled)
+            if forked_rows:
+                rows = torch.tensor(forked_rows, device=logits.device)
+                logits = torch.cat([logits, logits.index_select(0, rows)])
+            guides = [r.guide if r is not None else None for r in requests]
+            if any(g is not None and g.active for g in guides):
+                constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
         rows = BatchRows(step.sampling_batch_rows, step.sampling_generations,
                          step.sampling_positions)  # fmt: skip
         seqs = [item.seq for item in sampling_items]
@@ -409,6 +421,7 @@ class EngineCore:
                 continue
             group, parent, item = request.group, request.seq, sampling_items[row]
             group.unforked = False
+            self._num_unforked -= 1
             for index in range(1, group.n):
                 params = group.params
                 if params.seed is not None:
@@ -491,7 +504,7 @@ class EngineCore:
             group.num_cached_tokens = seq.num_cached_tokens
         delta.done = group.finish(request.index)
         if delta.done:
-            del self._groups[group.request_id]
+            self._drop_group(group)
         delta.usage = Usage(
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=group.completion_tokens,
