@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from gateway.lease_reaper import LeaseReaper
 from gateway.leases import (
+    ALIVE_LUA,
     RENEW_LUA,
     Lease,
     LeaseDraft,
@@ -66,6 +67,8 @@ class LeaseBook:
         self._leases: dict[str, Lease] = {}
         self._hashes: set[str] = set()
         """Lease hashes this replica named in its set (and so may store leases in)."""
+        self._healthy_since: float | None = None
+        """Since when (monotonic) every renewal and reap reached Redis; None after a failure."""
         self._pending: dict[str, _PendingSettle] = {}
         """Requests whose settle failed (Redis unreachable): retried by the renewal loop."""
         self._task: asyncio.Task[None] | None = None
@@ -129,7 +132,7 @@ class LeaseBook:
         pipe = self._redis.pipeline(transaction=False)
         if hash_keys:
             pipe.sadd(self._hashes_key, *hash_keys)
-        pipe.zadd(self._replicas, {self.instance_id: time.time() + self.lease_s})
+        pipe.eval(ALIVE_LUA, 1, self._replicas, self.instance_id, self.lease_s)
         await pipe.execute()
 
     def progress(
@@ -226,12 +229,29 @@ class LeaseBook:
             pipe.eval(RENEW_LUA, len(keys), *keys, *args)
         if self._hashes:
             pipe.sadd(self._hashes_key, *self._hashes)
-        pipe.zadd(self._replicas, {self.instance_id: now + self.lease_s})
-        await pipe.execute()
+        pipe.eval(ALIVE_LUA, 1, self._replicas, self.instance_id, self.lease_s)
+        try:
+            await pipe.execute()
+        except RedisError:
+            self._healthy_since = None
+            raise
+        if self._healthy_since is None:
+            self._healthy_since = time.monotonic()
 
     async def reap(self) -> int:
-        """Settle the leases of every replica whose renewal lapsed; how many it settled."""
-        return await self._reaper.reap()
+        """Settle the leases of every replica whose renewal lapsed; how many it settled.
+
+        Only once this replica has itself reached Redis and renewed for ``lease_s`` without a
+        failure: after an outage every peer's entry is past its expiry when Redis comes back,
+        and the live ones need up to ``lease_s`` to renew theirs. Reaping before would settle
+        their running requests as dead and cancel their streams."""
+        if self._healthy_since is None or time.monotonic() - self._healthy_since < self.lease_s:
+            return 0
+        try:
+            return await self._reaper.reap()
+        except RedisError:
+            self._healthy_since = None
+            raise
 
     # ---- the background task ---------------------------------------------------------------
 

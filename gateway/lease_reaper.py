@@ -12,13 +12,12 @@ releases it, and only that one writes the usage event.
 from __future__ import annotations
 
 import logging
-import time
 
 import msgspec
 from redis.asyncio import Redis
 
 from engine import protocol
-from gateway.leases import Lease, decoder, lease_hashes_key
+from gateway.leases import EXPIRED_LUA, Lease, decoder, lease_hashes_key
 from gateway.limits import RateLimiter
 from gateway.usage import UsageRecorder
 
@@ -43,7 +42,7 @@ class LeaseReaper:
 
     async def reap(self) -> int:
         """Settle the leases of every replica whose renewal lapsed; how many it settled."""
-        dead = await self._redis.zrangebyscore(self._replicas, "-inf", time.time())
+        dead = await self._redis.eval(EXPIRED_LUA, 1, self._replicas)
         settled = 0
         for raw in dead:
             instance = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -117,7 +116,9 @@ class LeaseReaper:
         await self._engine_produced(lease)
         event = lease.usage_event()
         billed = event.prompt_tokens + event.completion_tokens
-        if not await self._limiter.settle(lease.admission(), billed, event.cost_micros):
+        if not await self._limiter.settle(
+            lease.admission(), billed, event.cost_micros, reaping=True
+        ):
             return 0  # another reaper, or the replica itself, settled it
         await self._recorder.record(event)
         self.reaped += 1

@@ -11,8 +11,12 @@ touches one Redis Cluster slot; the replica lists those hashes in the set
 
 The replica (``gateway.lease_book``) rewrites its leases (tokens relayed so far) every
 ``lease_s / 3`` and renews its own entry in the sorted set ``<usage stream>:replicas``
-(score: the time it expires). A reaper on every replica (``gateway.lease_reaper``) settles
-the leases of replicas whose entry expired, as the dead replica would have.
+(score: the time it expires, on Redis's clock). A reaper on every replica
+(``gateway.lease_reaper``) settles the leases of replicas whose entry expired, as the dead
+replica would have — only once its own replica has reached Redis for a whole lease (after an
+outage, live peers need that long to renew). Should a reaper still settle a live replica's
+request (a partition), that replica's own settle adds what it served beyond the reaper's
+count to the budgets, and its usage record raises the stored one (``gateway.db.usage``).
 
 Settling twice is harmless: the reservation's ``held`` marker (see ``gateway.limit_scripts``)
 lets only the first settle correct the counters, only the settle that releases the lease
@@ -61,6 +65,22 @@ for s = 3, first - 1 do
   end
 end
 return 1
+"""
+
+
+ALIVE_LUA = """
+-- KEYS: the replicas' sorted set; ARGV: this replica, its lease in seconds. Its entry expires
+-- lease seconds from now on Redis's clock, the one every reaper judges expiry by (a replica
+-- whose clock runs ahead must not reap live peers, one running behind must not outlive itself).
+local now = redis.call('time')
+redis.call('zadd', KEYS[1], now[1] + now[2] / 1000000 + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+
+EXPIRED_LUA = """
+-- KEYS: the replicas' sorted set. The replicas whose entry expired, on Redis's clock.
+local now = redis.call('time')
+return redis.call('zrangebyscore', KEYS[1], '-inf', now[1] + now[2] / 1000000)
 """
 
 

@@ -149,7 +149,8 @@ SETTLED_MARKER_TTL_S = 3600
 it only has to outlast the serving replica's next lease renewal."""
 
 SETTLE_LUA = f"""
--- ARGV: token delta, cost delta, member[, admission epoch, reserved tokens, reserved cost].
+-- ARGV: token delta, cost delta, member[, admission epoch, reserved tokens, reserved cost[,
+-- seconds to remember what this settle billed (a lease reaper's), 0 when not]].
 -- KEYS per scope (4): tok cur, token budget, money budget, slots; then, optionally, the held
 -- marker, the key's epoch and the lease hash (at most three keys: the scope count is what
 -- the division leaves). A counter gone meanwhile is re-seeded from the database later.
@@ -160,16 +161,43 @@ local extra = 4 * scopes
 local released = 1
 if #KEYS > extra + 2 then released = redis.call('hdel', KEYS[extra + 3], ARGV[3]) end
 if #KEYS > extra then
-  local held = redis.call('get', KEYS[extra + 1])
+  local marker = KEYS[extra + 1]
+  local held = redis.call('get', marker)
+  local real_tokens, real_cost = nil, nil
+  if (ARGV[5] or '') ~= '' then
+    real_tokens, real_cost = tokens + tonumber(ARGV[5]), cost + tonumber(ARGV[6])
+  end
+  local remember = tonumber(ARGV[7] or '0')
   if held == '1' then
-    redis.call('del', KEYS[extra + 1])
+    if remember > 0 and real_tokens then
+      -- A reaper settles a replica it takes for dead. If that replica was alive after all
+      -- (a partition, a pause), its own settle comes later with the full counts: it must
+      -- find what the reaper billed, to add only the difference.
+      redis.call('set', marker, 's:' .. real_tokens .. ':' .. real_cost, 'EX', remember)
+    else
+      redis.call('del', marker)
+    end
+  elseif held and string.sub(held, 1, 2) == 's:' and real_tokens then
+    -- Settled already, and what that settle billed is known: the counters take what this one
+    -- bills beyond it (the serving replica's real counts after a reaper's partial ones).
+    local was_tokens, was_cost = string.match(held, '^s:(-?%d+):(-?%d+)$')
+    was_tokens, was_cost = tonumber(was_tokens), tonumber(was_cost)
+    tokens = math.max(0, real_tokens - was_tokens)
+    cost = math.max(0, real_cost - was_cost)
+    if remember > 0 then
+      local billed = 's:' .. math.max(real_tokens, was_tokens) .. ':' .. math.max(real_cost, was_cost)
+      redis.call('set', marker, billed, 'KEEPTTL')
+    else
+      redis.call('del', marker)  -- the serving replica's settle: the last there will be
+    end
   elseif not held and #KEYS > extra + 1 and (ARGV[4] or '') ~= ''
       and redis.call('get', KEYS[extra + 2]) ~= ARGV[4] then
     -- Redis lost the reservation (it restarted empty): the counters were re-seeded from the
-    -- database without this request, so they take its whole real amount. Marked settled, so
-    -- that a second settle (a lease put back by a renewal) does not count it again.
-    tokens, cost = tokens + tonumber(ARGV[5]), cost + tonumber(ARGV[6])
-    redis.call('set', KEYS[extra + 1], '0', 'EX', {SETTLED_MARKER_TTL_S})
+    -- database without this request, so they take its whole real amount. Marked settled with
+    -- that amount, so that a second settle (a lease put back by a renewal) adds only more.
+    tokens, cost = real_tokens, real_cost
+    redis.call('set', marker, 's:' .. real_tokens .. ':' .. real_cost,
+      'EX', math.max({SETTLED_MARKER_TTL_S}, remember))
   else
     -- Settled already (by the serving replica or a lease reaper), or a lease written before
     -- its admission returned the epoch: only free the slots.
@@ -191,5 +219,6 @@ return released
 """
 """Settles once: the held marker written at admission goes with the first settle, so when the
 serving replica and a lease reaper (``gateway.leases``) both settle a request, the counters
-are corrected once. A marker missing because Redis restarted empty (the key's epoch changed)
+are corrected once; a reaper's settle leaves what it billed in the marker, so the serving
+replica's settle, if it comes after all, adds only what it bills beyond that. A marker missing because Redis restarted empty (the key's epoch changed)
 is told apart from one already settled, so such a request's tokens still reach the budget."""

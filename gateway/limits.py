@@ -340,19 +340,30 @@ class RateLimiter:
             self._settle_sha,
             len(keys),
             *keys,
-            *_settle_args(admission, actual_tokens, actual_micros),
+            *_settle_args(admission, actual_tokens, actual_micros, 0),
         )
 
     async def settle(
-        self, admission: Admission, actual_tokens: int, actual_micros: int = 0
+        self,
+        admission: Admission,
+        actual_tokens: int,
+        actual_micros: int = 0,
+        *,
+        reaping: bool = False,
     ) -> bool:
-        """Settle ``admission``; whether this call released its lease (True without one)."""
-        args = _settle_args(admission, actual_tokens, actual_micros)
+        """Settle ``admission``; whether this call released its lease (True without one).
+        A reaper's settle (``reaping``) leaves what it billed behind for as long as the request
+        could still be running, so that the serving replica, if it was alive after all, adds
+        only the difference when it settles."""
+        remember = int(self._slot_ttl_s) + 1 if reaping else 0
+        args = _settle_args(admission, actual_tokens, actual_micros, remember)
         released = await self._evalsha("_settle_sha", SETTLE_LUA, admission.settle_keys, args)
-        return bool(int(released))
+        return int(released) == 1
 
 
-def _settle_args(admission: Admission, actual_tokens: int, actual_micros: int) -> list[Any]:
+def _settle_args(
+    admission: Admission, actual_tokens: int, actual_micros: int, remember_s: int
+) -> list[Any]:
     return [
         actual_tokens - admission.reserved_tokens,
         actual_micros - admission.reserved_micros,
@@ -360,6 +371,7 @@ def _settle_args(admission: Admission, actual_tokens: int, actual_micros: int) -
         admission.epoch,
         admission.reserved_tokens,
         admission.reserved_micros,
+        remember_s,
     ]
 
 

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError, ResponseError
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.usage import insert_usage
+from gateway.db.usage import bills_more, insert_usage
 from gateway.settings import Settings
 from gateway.telemetry import USAGE_FLUSH_LAG
 
@@ -307,5 +307,9 @@ def _decode_rows(entries: Sequence[Entry]) -> list[dict[str, Any]]:
         except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
             logger.error("usage flusher: dropping malformed entry %s: %s", entry_id, exc)
             continue
-        rows[row["request_id"]] = row
+        seen = rows.get(row["request_id"])
+        if seen is None or bills_more(row, seen):
+            # A request recorded twice (a reaper's partial count, then its replica's own)
+            # keeps the larger record, whichever reached the stream first.
+            rows[row["request_id"]] = row
     return list(rows.values())

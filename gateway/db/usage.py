@@ -3,6 +3,9 @@
 ``insert_usage`` inserts records with ``ON CONFLICT (request_id) DO NOTHING`` and adds to the
 daily rollups only the rows that statement actually inserted (``RETURNING``), in the same
 transaction: replaying a batch, or two flushers racing on one, never counts a request twice.
+A request recorded twice with different counts (a lease reaper billed what it knew of a
+replica it took for dead; the replica was alive and settled the whole request after) keeps
+the larger counts, and the rollups take the difference.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -34,6 +37,7 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
         insert(UsageRecord)
         .on_conflict_do_nothing(index_elements=[UsageRecord.request_id])
         .returning(
+            UsageRecord.request_id,
             UsageRecord.key_id,
             UsageRecord.model,
             UsageRecord.finished_at,
@@ -44,19 +48,30 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
             UsageRecord.team_id,
         )
     )
-    full_rows = [{"cached_tokens": 0, "cost_micros": 0, "team_id": None, **row} for row in rows]
+    # One row per request: the larger of a batch's records of it (see bills_more).
+    unique: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        full = {"cached_tokens": 0, "cost_micros": 0, "team_id": None, **row}
+        seen = unique.get(full["request_id"])
+        unique[full["request_id"]] = full if seen is None or bills_more(full, seen) else seen
+    full_rows = list(unique.values())
     inserted = (await session.execute(statement, full_rows)).all()
     totals: dict[tuple[dt.date, uuid.UUID, str], list[Any]] = defaultdict(
         lambda: [0, 0, 0, 0, 0, None]
     )
-    for key_id, model, finished_at, prompt, completion, cost, status, team_id in inserted:
+    fresh = set()
+    for request_id, key_id, model, finished_at, prompt, completion, cost, status, team in inserted:
+        fresh.add(request_id)
         total = totals[(finished_at.astimezone(dt.UTC).date(), key_id, model)]
         total[0] += 1
         total[1] += prompt
         total[2] += completion
         total[3] += cost
         total[4] += status == "error"
-        total[5] = team_id
+        total[5] = team
+    stored = [row for row in full_rows if row["request_id"] not in fresh]
+    if stored:
+        await _raise_counts(session, stored, totals)
     if totals:
         rollup = insert(UsageDaily).values(
             [
@@ -95,6 +110,79 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
         )
         await session.execute(rollup)
     return len(inserted)
+
+
+def bills_more(row: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether a record of a request bills more than another of it (ties: the later)."""
+    return (row["prompt_tokens"] + row["completion_tokens"], row["cost_micros"]) >= (
+        than["prompt_tokens"] + than["completion_tokens"],
+        than["cost_micros"],
+    )
+
+
+async def _raise_counts(
+    session: AsyncSession,
+    rows: list[dict[str, Any]],
+    totals: dict[tuple[dt.date, uuid.UUID, str], list[Any]],
+) -> None:
+    """Records of requests stored already: a replayed batch (the same counts: nothing to do),
+    or the serving replica's record of a request a reaper billed in part. The stored row takes
+    the larger counts (and the serving replica's status and timings with them); the rollup of
+    the row's day takes the difference, as a correction of a request already counted."""
+    columns = (
+        UsageRecord.request_id,
+        UsageRecord.key_id,
+        UsageRecord.model,
+        UsageRecord.finished_at,
+        UsageRecord.prompt_tokens,
+        UsageRecord.completion_tokens,
+        UsageRecord.cost_micros,
+        UsageRecord.status,
+    )
+    ids = [row["request_id"] for row in rows]
+    # FOR UPDATE: two flushers correcting one request apply one difference after the other.
+    current = {
+        found.request_id: found
+        for found in await session.execute(
+            select(*columns).where(UsageRecord.request_id.in_(ids)).with_for_update()
+        )
+    }
+    for row in rows:
+        old = current.get(row["request_id"])
+        if old is None:
+            continue
+        prompt = max(old.prompt_tokens, row["prompt_tokens"])
+        completion = max(old.completion_tokens, row["completion_tokens"])
+        cost = max(old.cost_micros, row["cost_micros"])
+        if (prompt, completion, cost) == (
+            old.prompt_tokens,
+            old.completion_tokens,
+            old.cost_micros,
+        ):
+            continue
+        changes: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "cost_micros": cost,
+        }
+        status = old.status
+        if row["prompt_tokens"] + row["completion_tokens"] >= (
+            old.prompt_tokens + old.completion_tokens
+        ):
+            status = row["status"]
+            for name in ("status", "finish_reason", "latency_ms", "ttft_ms", "deployment"):
+                if name in row:
+                    changes[name] = row[name]
+            changes["cached_tokens"] = row["cached_tokens"]
+        await session.execute(
+            update(UsageRecord).where(UsageRecord.request_id == row["request_id"]).values(**changes)
+        )
+        total = totals[(old.finished_at.astimezone(dt.UTC).date(), old.key_id, old.model)]
+        total[1] += prompt - old.prompt_tokens
+        total[2] += completion - old.completion_tokens
+        total[3] += cost - old.cost_micros
+        total[4] += (status == "error") - (old.status == "error")
+        total[5] = total[5] or row["team_id"]
 
 
 @dataclass(frozen=True, slots=True)

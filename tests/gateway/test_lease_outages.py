@@ -12,16 +12,20 @@ import pytest
 from opentelemetry.trace import INVALID_SPAN
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.call import Call
 from gateway.canonical import Usage
+from gateway.db.models import UsageDaily, UsageRecord
 from gateway.lease_book import LeaseBook
 from gateway.leases import lease_hashes_key
 from gateway.limits import Admission
 from gateway.services import Services
 from gateway.settle import settle
+from gateway.usage import UsageFlusher
 from tests.gateway.private_redis import PrivateRedis
-from tests.gateway.test_leases import Replicas
+from tests.gateway.test_leases import LEASE_S, Replicas
 
 
 @pytest.fixture
@@ -135,3 +139,93 @@ async def test_an_admission_whose_lease_could_not_be_named_is_given_back(
     assert not await group.stored(admission)
     (event,) = await group.usage()
     assert (event.request_id, event.prompt_tokens + event.completion_tokens) == ("r-1", 0)
+
+
+async def renewed(book: LeaseBook) -> None:
+    """Renew as the loop does: again while Redis refuses (a pooled connection it closed)."""
+    for _ in range(20):
+        try:
+            await book.renew()
+            return
+        except RedisError:
+            await asyncio.sleep(0.05)
+    await book.renew()
+
+
+async def test_after_an_outage_longer_than_a_lease_no_live_request_is_reaped(
+    private: PrivateRedis, group: Replicas
+) -> None:
+    """Redis comes back (with its data) after more than a lease: every replica's entry is past
+    its expiry. The first replica through must not take the others for dead before they had
+    a lease's time to renew: their requests are running."""
+    serving, peer = group.book(), group.book()
+    admission = await group.admit(serving, tokens=1000)
+    serving.progress(
+        admission.request_id, prompt_tokens=5, delivered_tokens=115, first_token=True,
+        deployment="d",
+    )  # fmt: skip
+    await serving.renew()
+    await peer.renew()
+    await asyncio.sleep(LEASE_S)  # the peer has been healthy for a lease: it may reap
+
+    private.stop()
+    for book in (serving, peer):
+        with pytest.raises(RedisError):
+            await book.renew()
+    await asyncio.sleep(LEASE_S + 0.1)
+    private.start()
+
+    await renewed(peer)  # through first: it renews, and would reap the serving replica...
+    assert await peer.reap() == 0
+    await renewed(serving)  # ...which renews within a lease
+    await asyncio.sleep(LEASE_S)
+    await peer.renew()
+    await serving.renew()
+    assert await peer.reap() == 0
+    assert await group.stored(admission)
+    assert await group.usage() == []
+    assert await group.limiter.settle(admission, 600)
+    assert await group.budget_used() == 600
+
+
+async def test_a_live_request_reaped_as_dead_is_corrected_by_its_own_settle(
+    group: Replicas, db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    """A reaper settled a request of a replica it took for dead (a partition) from its last
+    lease: 120 tokens. The replica was alive and served 600: its own settle corrects the
+    budget by the difference, and its usage record raises the stored row and the rollup."""
+    serving, reaper = group.book(), group.book()
+    admission = await group.admit(serving, tokens=1000)
+    serving.progress(
+        admission.request_id, prompt_tokens=5, delivered_tokens=115, first_token=True,
+        deployment="d",
+    )  # fmt: skip
+    await serving.renew()
+    await renewed(reaper)
+    await asyncio.sleep(LEASE_S)
+    await group.die(serving)
+    assert await reaper.reap() == 1
+    assert await group.budget_used() == 120
+    flusher = UsageFlusher(group.redis, db_sessionmaker, group.settings)
+    await flusher.ensure_group()
+    assert await flusher.flush_once() == 1
+
+    call = served_call(group, serving, admission, Usage(5, 595), status="ok", finish_reason="stop")
+    await settle(call)
+    assert await group.budget_used() == 600
+    assert await flusher.flush_once() == 1
+    async with db_sessionmaker() as session:
+        row = (
+            await session.execute(
+                select(UsageRecord).where(UsageRecord.request_id == admission.request_id)
+            )
+        ).scalar_one()
+        daily = (await session.execute(select(UsageDaily))).scalars().all()
+    assert (row.prompt_tokens, row.completion_tokens, row.status) == (5, 595, "ok")
+    assert [(d.requests, d.prompt_tokens, d.completion_tokens, d.errors) for d in daily] == [
+        (1, 5, 595, 0)
+    ]
+    # A replay of both records changes nothing.
+    settled_again = served_call(group, serving, admission, Usage(5, 595), status="ok")
+    await settle(settled_again)
+    assert await group.budget_used() == 600

@@ -28,13 +28,17 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
+LEASE_S = 0.5
+"""Short, so that a reaper's wait to be healthy for a whole lease costs little."""
+
+
 class Replicas:
     """Gateway replicas' lease books on one Redis and one usage stream, and what they wrote."""
 
     def __init__(self, redis: Redis, redis_url: str) -> None:
         self.redis = redis
         self.stream = f"sg:usage:test:{uuid.uuid4().hex[:10]}"
-        self.settings = Settings(redis_url=redis_url, usage_stream=self.stream, lease_s=3.0)
+        self.settings = Settings(redis_url=redis_url, usage_stream=self.stream, lease_s=LEASE_S)
         self.limiter = RateLimiter(redis, slot_ttl_s=60)
         self.recorder = UsageRecorder(redis, self.settings)
         self.key = ApiKeyRecord(
@@ -56,11 +60,18 @@ class Replicas:
         settings = Settings(
             redis_url=self.settings.redis_url,
             usage_stream=self.stream,
-            lease_s=3.0,
+            lease_s=LEASE_S,
             instance_id=uuid.uuid4().hex[:8],
         )
         book = LeaseBook(self.redis, settings, self.limiter, self.recorder)
         self.books.append(book)
+        return book
+
+    async def reaper(self) -> LeaseBook:
+        """A replica that has reached Redis for a whole lease: it may reap."""
+        book = self.book()
+        await book.renew()
+        await asyncio.sleep(book.lease_s)
         return book
 
     async def admit(self, book: LeaseBook, tokens: int = 50) -> Admission:
@@ -119,7 +130,7 @@ async def test_admission_stores_the_lease_and_the_first_settle_releases_it(
 
 
 async def test_a_dead_replicas_requests_are_settled_once_by_another(replicas: Replicas) -> None:
-    victim, survivor = replicas.book(), replicas.book()
+    victim, survivor = replicas.book(), await replicas.reaper()
     streamed = await replicas.admit(victim)
     silent = await replicas.admit(victim)
     victim.progress(
@@ -145,7 +156,7 @@ async def test_a_dead_replicas_requests_are_settled_once_by_another(replicas: Re
     assert not await replicas.redis.exists(streamed.settle_keys[-1])
     assert not await replicas.redis.exists(lease_hashes_key(victim.instance_id))
     assert await replicas.redis.zscore(f"{replicas.stream}:replicas", victim.instance_id) is None
-    assert await replicas.book().reap() == 0
+    assert await (await replicas.reaper()).reap() == 0
     assert len(await replicas.usage()) == 2
 
 
@@ -157,7 +168,7 @@ async def test_renewals_never_bring_back_a_settled_lease(replicas: Replicas) -> 
     await book.renew()
     assert not await replicas.stored(admission)
     await replicas.die(book)
-    assert await replicas.book().reap() == 0
+    assert await (await replicas.reaper()).reap() == 0
     assert await replicas.budget_used() == 10
 
 
@@ -177,7 +188,7 @@ async def test_a_lease_redis_lost_is_put_back_and_settled_in_full_once(
     assert await replicas.stored(admission)
 
     await replicas.die(book)
-    assert await replicas.book().reap() == 1
+    assert await (await replicas.reaper()).reap() == 1
     assert await replicas.budget_used() == 100 + 8
     # The replica was only paused: its own settle afterwards counts nothing twice.
     assert await replicas.limiter.settle(admission, 8) is False
