@@ -369,14 +369,18 @@ class Call:
         return await self._respond(await self._render(lambda: renderer.whole(self, answer)))
 
     async def count(self) -> int:
-        """The prompt's tokens as the deployment that would serve it counts them. Nothing is
-        generated or billed: the call settles at zero tokens (it still counts as a request
-        toward the key's request-rate limit, and has a usage row)."""
-        count = await self._answer(self.services.router.count_tokens(self.route, self.request))
-        self.usage = Usage(0, 0)
+        """The prompt's tokens as the deployment that would serve it counts them. A count
+        endpoint's answer settles at zero tokens (still a request toward the key's request-rate
+        limit, with a usage row); a backend measured by a one-token generation (counting.py)
+        is billed that generation, as any request (the estimate where it reported no usage)."""
+        counted = await self._answer(self.services.router.count_tokens(self.route, self.request))
+        if counted.generated:
+            self.usage = counted.usage or Usage(self.prompt_estimate, 1)
+        else:
+            self.usage = Usage(0, 0)
         self.status = "ok"
         await self.finish()
-        return count
+        return counted.tokens if counted.tokens is not None else self.prompt_estimate
 
     async def embed(self) -> Response[bytes]:
         """Embeddings: the upstream's object, ``model`` named as the client asked."""

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import msgspec
 import yaml
 from redis.asyncio import Redis
 
 from gateway.canonical import ChatRequest, Response, Usage
+from gateway.counting import Counted, count_on
 from gateway.errors import ServiceUnavailable
 from gateway.providers.base import ProviderError
 from gateway.providers.hosted import Sessions
@@ -314,20 +314,14 @@ class Router:
 
         return await self.serve(route, request, start)
 
-    async def count_tokens(self, route: ModelRoute, request: ChatRequest) -> tuple[Deployment, int]:
-        """The prompt's tokens as a deployment that would serve it counts them, with fallback:
-        its own count (our engines, Anthropic's count endpoint); a backend without one answers
-        a one-token generation, whose usage has the prompt's tokens."""
+    async def count_tokens(
+        self, route: ModelRoute, request: ChatRequest
+    ) -> tuple[Deployment, Counted]:
+        """The prompt's tokens as a deployment that would serve it counts them, with fallback
+        (counting.py: its own count, else a billed one-token generation)."""
 
-        async def start(deployment: Deployment) -> int:
-            count = getattr(deployment.provider, "count_tokens", None)
-            if count is not None:
-                result: int = await count(request)
-                return result
-            sampling = msgspec.structs.replace(request.sampling, max_tokens=1, n=1)
-            once = msgspec.structs.replace(request, sampling=sampling, output=None)
-            answer = await collect(deployment.provider, once)
-            return answer.usage.prompt_tokens if answer.usage else 0
+        async def start(deployment: Deployment) -> Counted:
+            return await count_on(deployment.provider, request)
 
         return await self.serve(route, request, start)
 

@@ -291,6 +291,24 @@ class BedrockProvider(HostedProvider):
         headers = await self._signed_headers(url, body, "application/json")
         return await self._answer(request, url, headers, body, response_of)
 
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        """Bedrock's own count of the prompt (``CountTokens``, the Converse body's messages,
+        system, tools and model fields); None where the model has no count (Bedrock answers
+        a ValidationException), for the router to measure the prompt another way."""
+        converse = converse_body(request)
+        converse.pop("inferenceConfig", None)
+        url = f"{self._base}/count-tokens"
+        body = json.dumps({"input": {"converse": converse}}).encode()
+        headers = await self._signed_headers(url, body, "application/json")
+        try:
+            return await self._answer(
+                request, url, headers, body, lambda answer: int(answer["inputTokens"])
+            )
+        except ProviderError as exc:
+            if exc.status_code == 400 and not exc.retryable:
+                return None
+            raise
+
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         url = f"{self._base}/converse-stream"
         body = json.dumps(converse_body(request)).encode()

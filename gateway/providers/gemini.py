@@ -293,6 +293,21 @@ class GeminiProvider(HostedProvider):
         usage = usage_of(answer.get("usageMetadata"))
         return Response(choices, usage=usage, num_tokens=usage.completion_tokens if usage else 0)
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """Gemini's own count of the prompt (``models/{model}:countTokens``), given as the
+        ``generateContentRequest`` it would serve, so system instruction and tools count too;
+        without ``generationConfig``, which says how to generate, not what is read."""
+        prompt = generate_body(request)
+        prompt.pop("generationConfig", None)
+        body = json.dumps({"generateContentRequest": {"model": f"models/{self.model}", **prompt}})
+        return await self._answer(
+            request,
+            f"{self._base}:countTokens",
+            self._headers,
+            body.encode(),
+            lambda answer: int(answer.get("totalTokens") or 0),
+        )
+
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         body = json.dumps(generate_body(request)).encode()
         url = f"{self._base}:streamGenerateContent?alt=sse"

@@ -132,6 +132,7 @@ def hosted_routing(fakes: dict[str, tuple[Any, str]]) -> dict[str, Any]:
     anthropic = spec("anthropic", "plain")
     models += [
         {"name": "retry-once", "deployments": [spec("anthropic", "once-limited")]},
+        {"name": "bedrock-nocount", "deployments": [spec("bedrock", "nocount")]},
         {"name": "anthropic-interleaved", "deployments": [spec("anthropic", "interleaved")]},
         {"name": "bedrock-interleaved", "deployments": [spec("bedrock", "interleaved")]},
         {

@@ -5,7 +5,9 @@ recomputes it with botocore's signer over the headers the client signed (a wrong
 changed body is a 403, as AWS answers). ConverseStream replies in AWS's binary event-stream
 framing, encoded here from the spec (prelude with CRC, string headers, payload, message CRC).
 Answers by the shared fake model (fake_common.py). Errors: ``limited`` 429
-ThrottlingException, ``down`` 503 ServiceUnavailableException, ``bad`` 400 ValidationException.
+ThrottlingException, ``down`` 503 ServiceUnavailableException, ``bad`` 400 ValidationException;
+a thinking budget not below ``maxTokens`` is a 400, as Anthropic's models answer. CountTokens
+(``/model/{id}/count-tokens``) counts as the generation does, but for ``nocount`` models.
 Model ``interleaved``, asked to think (Claude's ``thinking`` in
 ``additionalModelRequestFields``), reasons before its tool call as Claude does on Bedrock:
 the blocks of fake_anthropic.INTERLEAVED as ``reasoningContent`` (signed text, encrypted
@@ -117,6 +119,8 @@ class FakeBedrock(FakeServer):
         path: str = scope["path"]
         _, _, model_id, operation = path.split("/", 3)
         model = unquote(model_id)
+        if operation == "count-tokens":
+            return await _count_tokens(model, body, send)
         self.calls[model] += 1
         if model in _ERRORS:
             status, kind, message = _ERRORS[model]
@@ -132,6 +136,12 @@ class FakeBedrock(FakeServer):
                 send, 400, {"message": message}, {"x-amzn-errortype": "ValidationException"}
             )
         config = body.get("inferenceConfig") or {}
+        budget = thinking.get("budget_tokens") if thinking.get("type") == "enabled" else None
+        if budget is not None and config.get("maxTokens", 4096) <= budget:
+            message = "max_tokens must be greater than thinking.budget_tokens"
+            return await send_json(
+                send, 400, {"message": message}, {"x-amzn-errortype": "ValidationException"}
+            )
         tool_config = body.get("toolConfig") or {}
         tools = [t["toolSpec"]["name"] for t in tool_config.get("tools") or ()]
         choice = tool_config.get("toolChoice") or {}
@@ -218,3 +228,18 @@ def _thinking_intact(messages: list[dict[str, Any]]) -> bool:
         for m in messages
         if m["role"] == "assistant"
     )
+
+
+async def _count_tokens(model: str, body: dict[str, Any], send: Any) -> None:
+    """CountTokens of a Converse body: its words, and a tool's name and description words;
+    models named ``nocount`` have no count (a ValidationException, as Bedrock answers)."""
+    if model == "nocount":
+        message = "The provided model doesn't support counting tokens."
+        return await send_json(
+            send, 400, {"message": message}, {"x-amzn-errortype": "ValidationException"}
+        )
+    converse = body["input"]["converse"]
+    tools = [t["toolSpec"] for t in (converse.get("toolConfig") or {}).get("tools") or ()]
+    described = sum(1 + len((t.get("description") or "").split()) for t in tools)
+    tokens = count_words(converse["messages"]) + count_words(converse.get("system")) + described
+    await send_json(send, 200, {"inputTokens": tokens})

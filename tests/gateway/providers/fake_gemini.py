@@ -7,7 +7,7 @@ Requires ``x-goog-api-key: gem-test-key``; any other key is refused as Google re
 Errors use Google's ``{"error": {"code", "message", "status"}}``: ``limited`` 429
 RESOURCE_EXHAUSTED, ``down`` 503 UNAVAILABLE, ``bad`` 400 INVALID_ARGUMENT, ``unbilled`` 400
 FAILED_PRECONDITION (the free tier is not offered where the project is and billing is off).
-Models named ``bigcall-N`` call the tool they are offered with an argument of N KiB.
+``:countTokens`` counts as the generation does (tools too). Models named ``bigcall-N`` call the tool they are offered with an argument of N KiB.
 """
 
 from __future__ import annotations
@@ -69,6 +69,8 @@ class FakeGemini(FakeServer):
                 },
             ]
             return await send_json(send, 400, error)
+        if method == "countTokens":
+            return await _count_tokens(model, body, send)
         self.calls[model] += 1
         if model in _ERRORS:
             code, status, message = _ERRORS[model]
@@ -149,3 +151,21 @@ class FakeGemini(FakeServer):
             "modelVersion": model,
         }
         await send_bytes(send, sse(last), more=False)
+
+
+async def _count_tokens(model: str, body: dict[str, Any], send: Any) -> None:
+    """``countTokens`` of a ``generateContentRequest``: its words, and a function's name and
+    description words. The request names its model; bare ``contents`` may not come with it."""
+    request = body.get("generateContentRequest")
+    if not isinstance(request, dict) or "contents" in body:
+        message = "Exactly one of contents or generateContentRequest must be set."
+        return await send_json(send, 400, _error(400, "INVALID_ARGUMENT", message))
+    if request.get("model") != f"models/{model}":
+        message = "generateContentRequest.model must name the model counted."
+        return await send_json(send, 400, _error(400, "INVALID_ARGUMENT", message))
+    functions = [d for t in request.get("tools") or () for d in t["functionDeclarations"]]
+    described = sum(1 + len((d.get("description") or "").split()) for d in functions)
+    tokens = (
+        count_words(request["contents"]) + count_words(request.get("systemInstruction")) + described
+    )
+    await send_json(send, 200, {"totalTokens": tokens})
