@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 _REAP_EVERY_S = 1.0
 
+HASH_IDLE_S = 300.0
+"""A lease hash (one per API key served) that held none of this replica's leases for this
+long leaves its set and its renewals, or both would grow with every key ever served. The
+key's next request here names it again (one round trip, as for its first)."""
+
 SETTLE_RETRY_LIMIT_S = 3600.0
 """How long a settle that failed (Redis unreachable) is retried from the renewal loop before
 it is given up with an error (its lease stays stored: a peer settles it once this replica
@@ -56,6 +61,8 @@ class LeaseBook:
         settings: Settings,
         limiter: RateLimiter,
         recorder: UsageRecorder,
+        *,
+        hash_idle_s: float = HASH_IDLE_S,
     ) -> None:
         self._redis = redis
         self._limiter = limiter
@@ -65,8 +72,13 @@ class LeaseBook:
         self._hashes_key = lease_hashes_key(self.instance_id)
         self._replicas = replicas_key(settings.usage_stream)
         self._leases: dict[str, Lease] = {}
-        self._hashes: set[str] = set()
-        """Lease hashes this replica named in its set (and so may store leases in)."""
+        self._hashes: dict[str, float] = {}
+        """Lease hashes this replica named in its set (and so may store leases in), with when
+        (monotonic) each was last used."""
+        self._hash_idle_s = hash_idle_s
+        self._naming = asyncio.Lock()
+        """Held while hashes are named or dropped, so a hash named again is never dropped by a
+        renewal's SREM that reaches Redis after the naming SADD."""
         self._healthy_since: float | None = None
         """Since when (monotonic) every renewal and reap reached Redis; None after a failure."""
         self._pending: dict[str, _PendingSettle] = {}
@@ -88,8 +100,9 @@ class LeaseBook:
         replica uses the key's hash, it names it in its set first, so a reaper finds it."""
         hash_key = lease_hash_key(key, self.instance_id)
         if hash_key not in self._hashes:
-            await self._name_hashes([hash_key])
-            self._hashes.add(hash_key)
+            async with self._naming:
+                await self._name_hashes([hash_key])
+        self._hashes[hash_key] = time.monotonic()
         return LeaseDraft(hash_key, model, prompt_estimate, started_at)
 
     async def opened(self, draft: LeaseDraft, admission: Admission) -> None:
@@ -223,15 +236,28 @@ class LeaseBook:
         for lease in self._leases.values():
             lease.renewed_at = now
             by_hash.setdefault(lease.settle_keys[-1], []).append(lease)
+        used = time.monotonic()
+        for hash_key in by_hash:
+            self._hashes[hash_key] = used
+        idle = [name for name, at in self._hashes.items() if used - at > self._hash_idle_s]
+        for name in idle:
+            del self._hashes[name]
         pipe: Pipeline = self._redis.pipeline(transaction=False)
         for leases in by_hash.values():
             keys, args = renew_call(leases, now, self._limiter.slot_ttl_s)
             pipe.eval(RENEW_LUA, len(keys), *keys, *args)
-        if self._hashes:
-            pipe.sadd(self._hashes_key, *self._hashes)
+        if by_hash:
+            # Only the hashes holding leases (named again after a Redis restart lost the set).
+            pipe.sadd(self._hashes_key, *by_hash)
+        if idle:
+            pipe.srem(self._hashes_key, *idle)
         pipe.eval(ALIVE_LUA, 1, self._replicas, self.instance_id, self.lease_s)
         try:
-            await pipe.execute()
+            if idle:
+                async with self._naming:
+                    await pipe.execute()
+            else:
+                await pipe.execute()
         except RedisError:
             self._healthy_since = None
             raise

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from gateway.limit_scripts import EPOCH_TTL_S
 from gateway.limits import Admission, KeyLimits, scope_tag
 from gateway.pricing import Price
 from gateway.usage import UsageEvent
@@ -40,10 +41,11 @@ RENEW_LUA = """
 -- lease its request id, the lease, its admission epoch. A lease is written only while its
 -- request is unsettled (held marker '1'), or put back when Redis lost it (restarted empty: no
 -- marker, another epoch). A settled one is never written back: that would settle it a second
--- time. A live request's held marker and slots are pushed out by a slot ttl: they outlive a
+-- time. The key's epoch lives as long as a request of the key does. A live request's held marker and slots are pushed out by a slot ttl: they outlive a
 -- request that runs longer than its deadline margin (a stream with no total bound) as long as
 -- its replica renews, and free themselves that long after the renewals stop.
 local current = redis.call('get', KEYS[2])
+if current then redis.call('expire', KEYS[2], EPOCH_TTL_S) end
 local slots, now, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local first = 3 + slots
 for i = first, #KEYS do
@@ -82,6 +84,9 @@ EXPIRED_LUA = """
 local now = redis.call('time')
 return redis.call('zrangebyscore', KEYS[1], '-inf', now[1] + now[2] / 1000000)
 """
+
+
+RENEW_LUA = RENEW_LUA.replace("EPOCH_TTL_S", str(EPOCH_TTL_S))
 
 
 def replicas_key(usage_stream: str) -> str:

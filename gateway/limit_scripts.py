@@ -124,7 +124,9 @@ if code == 0 and #KEYS > extra_keys then
   epoch = redis.call('get', KEYS[extra_keys + 2])
   if not epoch then
     epoch = ARGV[extra_args + 1]
-    redis.call('set', KEYS[extra_keys + 2], epoch)
+    redis.call('set', KEYS[extra_keys + 2], epoch, 'EX', EPOCH_TTL_S)
+  else
+    redis.call('expire', KEYS[extra_keys + 2], EPOCH_TTL_S)
   end
   if #KEYS > extra_keys + 2 then
     -- From here on, a replica that dies is settled by another (gateway.leases).
@@ -134,6 +136,13 @@ end
 table.insert(out, epoch)
 return out
 """
+
+EPOCH_TTL_S = 86400
+"""How long a key's epoch outlives its last admission or lease renewal (one key per API key
+ever served must not stay forever). It only has to outlast the latest settle of a request
+admitted under it, which comes within SETTLED_MARKER_TTL_S of its last renewal."""
+
+ADMIT_LUA = ADMIT_LUA.replace("EPOCH_TTL_S", str(EPOCH_TTL_S))
 
 SEED_LUA = """
 -- KEYS: budget counters; ARGV: ttl, then one value per key. NX: a concurrent seed or a

@@ -16,6 +16,7 @@ from gateway.auth import ApiKeyRecord
 from gateway.errors import RateLimited
 from gateway.lease_book import LeaseBook
 from gateway.leases import lease_hashes_key
+from gateway.limit_scripts import EPOCH_TTL_S
 from gateway.limits import Admission, RateLimiter
 from gateway.settings import Settings
 from gateway.usage import UsageEvent, UsageRecorder
@@ -217,3 +218,44 @@ async def test_a_live_request_keeps_its_slot_and_reservation_past_the_slot_ttl(
     assert await replicas.budget_used() == 20 + 50  # and the other one's reservation
     assert await replicas.limiter.settle(other, 30)
     assert await replicas.budget_used() == 20 + 30
+
+
+async def test_a_keys_epoch_lives_as_long_as_its_requests_not_forever(replicas: Replicas) -> None:
+    book = replicas.book()
+    admission = await replicas.admit(book)
+    epoch = admission.settle_keys[-2]
+    assert 0 < await replicas.redis.ttl(epoch) <= EPOCH_TTL_S
+    # Each admission of the key, and each renewal of its leases, gives it a whole ttl again.
+    await replicas.redis.expire(epoch, 100)
+    await replicas.admit(book)
+    assert await replicas.redis.ttl(epoch) > EPOCH_TTL_S - 10
+    await replicas.redis.expire(epoch, 100)
+    await book.renew()
+    assert await replicas.redis.ttl(epoch) > EPOCH_TTL_S - 10
+
+
+async def test_a_hash_that_holds_no_leases_leaves_the_replicas_set(replicas: Replicas) -> None:
+    """One lease hash per API key served: without leases for a while it is no longer named
+    (nor renewed), so the set does not grow with every key ever served. The key's next
+    request names it again, and a reaper finds that request's lease."""
+    book = LeaseBook(
+        replicas.redis, replicas.settings, replicas.limiter, replicas.recorder, hash_idle_s=0.2
+    )
+    replicas.books.append(book)
+    hashes = lease_hashes_key(book.instance_id)
+    done = await replicas.admit(book)
+    assert await replicas.limiter.settle(done, 10)
+    book.forget(done.request_id)
+    await book.renew()
+    assert await replicas.redis.smembers(hashes) == {done.settle_keys[-1].encode()}
+    await asyncio.sleep(0.3)
+    await book.renew()
+    assert await replicas.redis.smembers(hashes) == set()
+
+    again = await replicas.admit(book)
+    assert await replicas.redis.smembers(hashes) == {again.settle_keys[-1].encode()}
+    await asyncio.sleep(0.3)
+    await book.renew()  # it holds a lease: it stays
+    assert await replicas.redis.smembers(hashes) == {again.settle_keys[-1].encode()}
+    await replicas.die(book)
+    assert await (await replicas.reaper()).reap() == 1
