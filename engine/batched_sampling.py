@@ -10,7 +10,7 @@
   position) — a SplitMix64 hash in int64 tensor arithmetic — so seeded rows need no
   generator object, and a request's draw never depends on its batch mates or on how often
   it was preempted or resumed.
-- ``filter_logits``: top-k by a per-row threshold from one ``topk`` over the rows that ask
+- ``filtered_probs``: top-k by a per-row threshold from one ``topk`` over the rows that ask
   (no full sort); min-p against each row's largest probability; top-p by a threshold read
   off the sorted probabilities of only the rows that ask (values only: no permutation to
   scatter back).
@@ -72,18 +72,20 @@ def sample_from_probs(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tens
     return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
 
 
-def filter_logits(
+def filtered_probs(
     logits: torch.Tensor, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray
 ) -> torch.Tensor:
-    """Mask (to -inf, in place: callers pass a tensor of their own) what each row's top-k,
-    top-p nucleus and min-p floor exclude.
+    """Each row's softmax with what its top-k, top-p nucleus and min-p floor exclude set to
+    0 (not renormalised: ``sample_from_probs`` takes any mass). ``logits`` is changed in
+    place (callers pass a tensor of their own).
 
     The settings are host arrays, one entry per row (``top_k`` >= vocab, ``top_p`` 1.0 and
     ``min_p`` 0.0 are off), so every decision about which work to do is taken without
     reading the device. The nucleus and the floor are both judged on the distribution
     after top-k, as vLLM does; a token is kept while the mass strictly above it is below
     top_p, so the most likely token always stays (and tokens tied with the last one kept
-    stay with it).
+    stay with it). Zeroing the softmax instead of masking logits to -inf and taking a
+    second softmax gives the same distribution for one full pass less.
     """
     device = logits.device
     vocab = logits.shape[1]
@@ -96,24 +98,26 @@ def filter_logits(
         kth = subset.topk(k_max, dim=-1).values.gather(1, k_index[:, None])
         logits[index] = subset.masked_fill_(subset < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    cut = torch.zeros_like(probs, dtype=torch.bool)
-    if (min_p > 0).any():
-        floor = torch.from_numpy(min_p.astype(np.float32)).to(device)[:, None]
-        cut |= probs < floor * probs.amax(dim=-1, keepdim=True)
     p_rows = np.flatnonzero(top_p < 1)
     if len(p_rows):
         rows = torch.from_numpy(p_rows).to(device)
-        subset = probs.index_select(0, rows)
-        values = sort_descending(subset).to(device)
+        nucleus = probs.index_select(0, rows)
+        values = sort_descending(nucleus).to(device)
         threshold = torch.from_numpy(top_p[p_rows].astype(np.float32)).to(device)[:, None]
         # How many of the sorted values have less than top_p above them (>= 1: the first
         # has nothing above it); the last of those is the smallest probability kept.
         keep = ((values.cumsum(dim=-1) - values) < threshold).sum(dim=-1, keepdim=True)
         # A top_p below float32's smallest value reads as 0 and keeps nothing: keep the first.
         keep.clamp_(min=1)
-        smallest = values.gather(1, keep - 1)
-        cut[rows] |= subset < smallest
-    return logits.masked_fill_(cut, float("-inf"))
+        outside = nucleus < values.gather(1, keep - 1)
+    if (min_p > 0).any():
+        floor = torch.from_numpy(min_p.astype(np.float32)).to(device)[:, None]
+        probs.masked_fill_(probs < floor * probs.amax(dim=-1, keepdim=True), 0.0)
+        if len(p_rows):
+            nucleus = probs.index_select(0, rows)  # the floor's cuts, then the nucleus's
+    if len(p_rows):
+        probs.index_copy_(0, rows, nucleus.masked_fill_(outside, 0.0))
+    return probs
 
 
 class PenaltyCounts:

@@ -23,7 +23,7 @@ from engine.batched_sampling import (
     PenaltyCounts,
     argmax_rows,
     counter_uniform,
-    filter_logits,
+    filtered_probs,
     sample_from_probs,
 )
 from engine.readback import PendingRead, start_read
@@ -346,8 +346,9 @@ class Sampler:
         subset = subset / torch.from_numpy(col["temperature"]).to(device)[:, None]
         vocab = logits.shape[1]
         if (col["top_k"] < vocab).any() or (col["top_p"] < 1).any() or (col["min_p"] > 0).any():
-            subset = filter_logits(subset, col["top_k"], col["top_p"], col["min_p"])
-        probs = torch.softmax(subset, dim=-1)
+            probs = filtered_probs(subset, col["top_k"], col["top_p"], col["min_p"])
+        else:
+            probs = torch.softmax(subset, dim=-1)
         # Seeded rows take their uniform from (seed, output position) alone, unseeded ones
         # from the engine's generator.
         uniforms = torch.rand(len(random_rows), generator=self.generator, device=device,

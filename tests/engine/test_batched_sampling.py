@@ -10,7 +10,7 @@ from engine.batched_sampling import (
     PenaltyCounts,
     argmax_rows,
     counter_uniform,
-    filter_logits,
+    filtered_probs,
     sample_from_probs,
     sort_descending,
 )
@@ -40,10 +40,14 @@ def test_filter_matches_the_sorting_definition(seed: int) -> None:
     top_k = np.array([s[0] for s in settings])
     top_p = np.array([s[1] for s in settings])
     min_p = np.array([s[2] for s in settings])
-    got = filter_logits(logits.clone(), top_k, top_p, min_p)
+    got = filtered_probs(logits.clone(), top_k, top_p, min_p)
     for row, (k, p, m) in enumerate(settings):
-        assert torch.equal(got[row].isinf(), sorted_filter(logits[row], k, p, m).isinf()), row
-    assert torch.equal(got[0], logits[0])
+        want = sorted_filter(logits[row], k, p, m)
+        assert torch.equal(got[row] == 0, want.isinf()), row
+        # What stays is the softmax after top-k, untouched (the sampler takes any mass).
+        kept = ~want.isinf()
+        torch.testing.assert_close(got[row][kept] / got[row].sum(), torch.softmax(want, -1)[kept])
+    torch.testing.assert_close(got[0], torch.softmax(logits[0], -1))
 
 
 def test_counter_uniform_is_a_function_of_seed_and_position_only() -> None:
