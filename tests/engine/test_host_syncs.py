@@ -19,6 +19,12 @@ STEP_PATH = [
     "engine/batched_sampling.py",
     "engine/cuda_graphs.py",
     "engine/compilation.py",
+    "engine/staging.py",
+    "engine/scheduler.py",
+    "engine/engine_core.py",
+    "kernels/triton_paged_attention.py",
+    "kernels/attention_launch.py",
+    "kernels/triton_store_kv.py",
 ]
 # Each of these makes the host wait for the device when the tensor lives on a GPU.
 DEVICE_READS = re.compile(
