@@ -2,11 +2,20 @@
 
 A reaper on every replica looks for replicas whose entry in ``<usage stream>:replicas``
 expired, reads their leases from the hashes their set names, and settles each as the dead
-replica would have: the prompt once, plus the tokens the engine reports it produced for the
-request (or, for upstreams that are not our engine, those relayed up to the replica's last
-renewal); generations still running for the dead replica are cancelled. The settle script
-releases the lease: of several reapers (or a replica that was only paused) exactly one
+replica would have; generations still running for the dead replica are cancelled. The settle
+script releases the lease: of several reapers (or a replica that was only paused) exactly one
 releases it, and only that one writes the usage event.
+
+What a reaped request is billed: its prompt once (the engine's count when it reported one),
+and the completion tokens its lease says were delivered to the client, as of the replica's
+last lease write — not what the engine produced. The promise is that every token served is
+counted exactly once, and served means delivered to the client. The engine goes on generating
+after the replica died, until the reaper's Cancel lands (``lease_s`` and more later): the
+client never saw those tokens, so they are not billed, though the engine spent them (an
+operator's cost of the crash, visible in the engine's own metrics). The tokens relayed between
+the replica's last lease write and its death (at most ``lease_s / 3`` of streaming) are the
+one thing lost, in the client's favour: the replica died without telling anyone, and billing
+the engine's count instead would charge at least twice as many that never reached anyone.
 """
 
 from __future__ import annotations
@@ -83,12 +92,10 @@ class LeaseReaper:
             logger.warning("settled %d requests of gateway replica %s, gone", settled, instance)
         return settled
 
-    async def _engine_produced(self, lease: Lease) -> None:
-        """Raise the lease's counts to what the engine reports it produced (the worker goes
-        on after the replica died; tokens relayed after the last renewal are in there too),
-        and stop generations nobody will read. Only a request that had begun to reach its
-        client is billed: one whose client got nothing (a whole answer not sent yet) is not,
-        as when a client hangs up before its first token."""
+    async def _engine_prompt(self, lease: Lease) -> None:
+        """Take the prompt count the engine reported for the lease's request (exact, where the
+        lease may hold the admission's estimate), and stop generations nobody will read. The
+        completion count stays the lease's: what was delivered (see the module's docstring)."""
         ids = [protocol.attempt_id(lease.request_id, n) for n in range(protocol.MAX_RESUMES + 1)]
         pipe = self._redis.pipeline(transaction=False)
         for engine_id in ids:
@@ -98,9 +105,6 @@ class LeaseReaper:
         for engine_id, record in zip(ids, records, strict=True):
             if not record:
                 continue
-            produced = int(record.get(b"n", 0))
-            if lease.first_token:
-                lease.delivered_tokens = max(lease.delivered_tokens, produced)
             if engine_id == lease.request_id and int(record.get(b"p", 0)):
                 lease.prompt_tokens = int(record[b"p"])
             if not int(record.get(b"d", 0)):
@@ -113,7 +117,7 @@ class LeaseReaper:
 
     async def _settle(self, lease: Lease) -> int:
         """Settle one lease; 1 when this reaper released it (and so wrote its usage)."""
-        await self._engine_produced(lease)
+        await self._engine_prompt(lease)
         event = lease.usage_event()
         billed = event.prompt_tokens + event.completion_tokens
         if not await self._limiter.settle(

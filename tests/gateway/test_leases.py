@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
+from engine import protocol
 from gateway.auth import ApiKeyRecord
 from gateway.errors import RateLimited
 from gateway.lease_book import LeaseBook
@@ -259,3 +260,37 @@ async def test_a_hash_that_holds_no_leases_leaves_the_replicas_set(replicas: Rep
     assert await replicas.redis.smembers(hashes) == {again.settle_keys[-1].encode()}
     await replicas.die(book)
     assert await (await replicas.reaper()).reap() == 1
+
+
+async def test_a_reaped_stream_is_billed_what_reached_its_client_not_what_the_engine_made(
+    replicas: Replicas,
+) -> None:
+    """The engine went on after the replica died (50 tokens by the time the reaper looked);
+    the client got the 7 of the replica's last lease write. It is billed those 7, with the
+    engine's exact prompt count, and the generation nobody reads is cancelled."""
+    victim = replicas.book()
+    streamed = await replicas.admit(victim)
+    victim.progress(
+        streamed.request_id, prompt_tokens=5, delivered_tokens=7, first_token=True, deployment="d"
+    )
+    await victim.renew()
+    produced = protocol.produced_key(streamed.request_id)
+    await replicas.redis.hset(produced, mapping={"n": 50, "p": 12, "d": 0, "m": "lf-model"})
+    cancels = replicas.redis.pubsub()
+    await cancels.subscribe(protocol.cancel_channel("lf-model"))
+    try:
+        await replicas.die(victim)
+        assert await (await replicas.reaper()).reap() == 1
+        (event,) = await replicas.usage()
+        assert (event.prompt_tokens, event.completion_tokens) == (12, 7)
+        assert await replicas.budget_used() == 19
+        message = None
+        for _ in range(20):
+            message = await cancels.get_message(ignore_subscribe_messages=True, timeout=0.1)
+            if message is not None:
+                break
+        assert message is not None
+        assert protocol.decode(message["data"]) == protocol.Cancel(streamed.request_id)
+    finally:
+        await cancels.aclose()
+        await replicas.redis.delete(produced)
