@@ -126,6 +126,7 @@ class Lease(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Whether anything was generated: a request that produced nothing is billed nothing."""
     deployment: str | None = None
     renewed_at: float = 0.0
+    booked: str = ""
 
     def admission(self) -> Admission:
         return Admission(
@@ -138,6 +139,7 @@ class Lease(msgspec.Struct, kw_only=True, omit_defaults=True):
             reserved_micros=self.reserved_micros,
             team_id=self.team_id,
             epoch=self.epoch,
+            booked=self.booked,
         )
 
     def usage_event(self) -> UsageEvent:
@@ -184,6 +186,7 @@ class LeaseDraft:
             reserved_micros=admission.reserved_micros,
             price=admission.price,
             team_id=admission.team_id,
+            booked=admission.booked,
             started_at=self.started_at,
             prompt_tokens=self.prompt_estimate,
             renewed_at=time.time(),

@@ -159,7 +159,8 @@ it only has to outlast the serving replica's next lease renewal."""
 
 SETTLE_LUA = f"""
 -- ARGV: token delta, cost delta, member[, admission epoch, reserved tokens, reserved cost[,
--- seconds to remember what this settle billed (a lease reaper's), 0 when not]].
+-- seconds to remember what this settle billed (a lease reaper's), 0 when not[, per scope
+-- three flags (tokens/min, token budget, money budget): '1' booked at admission, '0' not]]].
 -- KEYS per scope (4): tok cur, token budget, money budget, slots; then, optionally, the held
 -- marker, the key's epoch and the lease hash (at most three keys: the scope count is what
 -- the division leaves). A counter gone meanwhile is re-seeded from the database later.
@@ -168,6 +169,10 @@ local tokens, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
 local scopes = math.floor(#KEYS / 4)
 local extra = 4 * scopes
 local released = 1
+-- What a counter the admission did not book takes (it exists only to show the spend): the
+-- real amount, where a booked one takes the delta; both the same once the reservation is gone.
+local unbooked_tokens, unbooked_cost = nil, nil
+local booked = ARGV[8] or ''
 if #KEYS > extra + 2 then released = redis.call('hdel', KEYS[extra + 3], ARGV[3]) end
 if #KEYS > extra then
   local marker = KEYS[extra + 1]
@@ -178,6 +183,7 @@ if #KEYS > extra then
   end
   local remember = tonumber(ARGV[7] or '0')
   if held == '1' then
+    unbooked_tokens, unbooked_cost = real_tokens or 0, real_cost or 0
     if remember > 0 and real_tokens then
       -- A reaper settles a replica it takes for dead. If that replica was alive after all
       -- (a partition, a pause), its own settle comes later with the full counts: it must
@@ -213,15 +219,18 @@ if #KEYS > extra then
     tokens, cost = 0, 0
   end
 end
+local function amount(s, i, delta, real)
+  if real ~= nil and string.sub(booked, 3 * s + i, 3 * s + i) == '0' then return real end
+  return delta
+end
+local function add(name, value)
+  if value ~= 0 and redis.call('exists', name) == 1 then redis.call('incrby', name, value) end
+end
 for s = 0, scopes - 1 do
   local base = 4 * s
-  if tokens ~= 0 then
-    if redis.call('exists', KEYS[base + 1]) == 1 then redis.call('incrby', KEYS[base + 1], tokens) end
-    if redis.call('exists', KEYS[base + 2]) == 1 then redis.call('incrby', KEYS[base + 2], tokens) end
-  end
-  if cost ~= 0 and redis.call('exists', KEYS[base + 3]) == 1 then
-    redis.call('incrby', KEYS[base + 3], cost)
-  end
+  add(KEYS[base + 1], amount(s, 1, tokens, unbooked_tokens))
+  add(KEYS[base + 2], amount(s, 2, tokens, unbooked_tokens))
+  add(KEYS[base + 3], amount(s, 3, cost, unbooked_cost))
   redis.call('zrem', KEYS[base + 4], ARGV[3])
 end
 return released

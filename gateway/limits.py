@@ -135,6 +135,9 @@ class Admission:
     """The key's counters' epoch at admission (see SETTLE_LUA)."""
     new_epoch: bool = False
     """The key had no epoch: it is new, or Redis lost everything (restarted empty)."""
+    booked: str = ""
+    """Per scope, whether admission booked its tokens/min, token budget and money budget
+    counters ('1') or not ('0'); empty: all booked (a lease stored before this was known)."""
 
     def cost_micros(self, prompt_tokens: int, completion_tokens: int, cached: int = 0) -> int:
         """The real cost at the price in force at admission (0 for an unpriced model)."""
@@ -234,6 +237,7 @@ class RateLimiter:
                 price=price,
                 reserved_micros=cost,
                 team_id=team_id,
+                booked=_booked(scopes),
             )
             if lease is not None:
                 keys.append(lease.hash_key)
@@ -372,7 +376,19 @@ def _settle_args(
         admission.reserved_tokens,
         admission.reserved_micros,
         remember_s,
+        admission.booked,
     ]
+
+
+def _booked(scopes: list[tuple[str, ScopeLimits]]) -> str:
+    """``Admission.booked`` for these scopes (as the admission script books them)."""
+    return "".join(
+        "".join(
+            "1" if limit is not None else "0"
+            for limit in (scope.tpm_limit, scope.token_budget, scope.max_budget_micros)
+        )
+        for _, scope in scopes
+    )
 
 
 def _text(value: Any) -> str:
