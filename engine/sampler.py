@@ -114,6 +114,10 @@ class _SlotParams:
         self.bias: dict[int, tuple[list[int], list[float]]] = {}
         self.seqs: dict[int, tuple[SampledSequence, int]] = {}
         self.free: list[int] = list(range(capacity - 1, reserved - 1, -1))
+        # Each penalized request's row of the penalty counts (-1: none); rows of requests
+        # whose slot got a new occupant are handed back through ``released``.
+        self.penalty_row = np.full(capacity, -1, dtype=np.int64)
+        self.released: list[int] = []
 
     @property
     def capacity(self) -> int:
@@ -138,6 +142,9 @@ class _SlotParams:
     def load(self, slot: int, seq: SampledSequence) -> None:
         """Write ``seq``'s settings into ``slot``."""
         p, c = seq.params, self.columns
+        if self.penalty_row[slot] >= 0:
+            self.released.append(int(self.penalty_row[slot]))
+            self.penalty_row[slot] = -1
         c["prompt"][slot] = seq.num_prompt_tokens
         c["temperature"][slot] = 1.0 if p.greedy else p.temperature
         c["top_k"][slot] = p.top_k if p.top_k > 0 else self.vocab
@@ -164,6 +171,7 @@ class _SlotParams:
         old = self.capacity
         for name, column in self.columns.items():
             self.columns[name] = np.concatenate([column, np.zeros_like(column)])
+        self.penalty_row = np.concatenate([self.penalty_row, np.full(old, -1, dtype=np.int64)])
         self.free.extend(range(2 * old - 1, old - 1, -1))
 
 
@@ -179,6 +187,7 @@ class Sampler:
             self.generator.manual_seed(seed)
         self._slots: _SlotParams | None = None
         self._penalties: PenaltyCounts | None = None
+        self._free_penalty_rows: list[int] = []
 
     def __call__(
         self,
@@ -202,6 +211,7 @@ class Sampler:
         vocab = logits.shape[1]
         if self._slots is None or self._slots.vocab != vocab:
             self._slots, self._penalties = _SlotParams(vocab, self.max_rows), None
+            self._free_penalty_rows = []
         slots_state = self._slots
         slots, joined, positions = self._slots_of(slots_state, seqs, batch_rows)
         column = {name: values[slots] for name, values in slots_state.columns.items()}
@@ -225,7 +235,7 @@ class Sampler:
         if self._penalties is not None and column["penalized"].any():
             rows = np.flatnonzero(column["penalized"])
             self._penalties.add_tokens(
-                torch.from_numpy(slots[rows]).to(self.device),
+                torch.from_numpy(slots_state.penalty_row[slots[rows]]).to(self.device),
                 tokens[torch.from_numpy(rows).to(self.device)],
             )
         if raw_logprobs is None:
@@ -277,19 +287,23 @@ class Sampler:
     ) -> torch.Tensor:
         state = self._slots
         assert state is not None
-        if self._penalties is None or self._penalties.counts.shape[0] < state.capacity:
-            grown = PenaltyCounts(state.capacity, logits.shape[1], logits.device)
-            if self._penalties is not None:
-                old = self._penalties.counts.shape[0]
-                grown.counts[:old], grown.seen[:old] = self._penalties.counts, self._penalties.seen
-            self._penalties = grown
         rows = np.flatnonzero(column["penalized"])
+        # Count rows only for penalized requests (a row per batch slot would cost
+        # slots x vocab floats on the device as soon as one request asked).
+        self._free_penalty_rows += state.released
+        state.released.clear()
+        for slot in slots[rows][state.penalty_row[slots[rows]] < 0]:
+            if not self._free_penalty_rows:
+                self._grow_penalties(logits.shape[1], logits.device)
+            state.penalty_row[slot] = self._free_penalty_rows.pop()
+        assert self._penalties is not None
+        penalty_rows = state.penalty_row[slots]
         # A sequence new to the sampler brings its history once (a resumed request's
         # outputs, a recomputed one's); from then on each step adds its one token.
         for row in np.flatnonzero(column["penalized"] & joined):
             seq = seqs[row]
             self._penalties.reset_row(
-                int(slots[row]),
+                int(penalty_rows[row]),
                 seq.token_ids[: seq.num_prompt_tokens],
                 seq.token_ids[seq.num_prompt_tokens :],
             )
@@ -304,12 +318,20 @@ class Sampler:
         logits = logits.clone()
         logits[index] = self._penalties.apply(
             logits[index],
-            torch.from_numpy(slots[rows]).to(logits.device),
+            torch.from_numpy(penalty_rows[rows]).to(logits.device),
             col("presence", 0.0),
             col("frequency", 0.0),
             col("repetition", 1.0),
         )
         return logits
+
+    def _grow_penalties(self, vocab: int, device: torch.device) -> None:
+        old = 0 if self._penalties is None else self._penalties.counts.shape[0]
+        grown = PenaltyCounts(max(8, 2 * old), vocab, device)
+        if self._penalties is not None:
+            grown.counts[:old], grown.seen[:old] = self._penalties.counts, self._penalties.seen
+        self._penalties = grown
+        self._free_penalty_rows += range(grown.counts.shape[0] - 1, old - 1, -1)
 
     def _add_bias(self, logits: torch.Tensor, rows: np.ndarray, slots: np.ndarray) -> torch.Tensor:
         state = self._slots

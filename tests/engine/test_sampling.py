@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
 from engine.batched_sampling import PenaltyCounts
-from engine.sampler import Sampler
+from engine.sampler import BatchRows, Sampler
 from engine.sequence import Sequence
 
 PROBS = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02])
@@ -212,3 +213,21 @@ def test_seeded_request_same_alone_with_mates_and_after_preemption(llama_dir: Pa
     outputs = tight.generate([mates[1], prompt, mates[3], mates[2]], [busy, seeded, busy, busy])
     assert tight.stats()["num_preemptions"] > 0
     assert outputs[1].token_ids == alone
+
+
+def test_penalty_counts_follow_penalized_requests_not_batch_rows() -> None:
+    """Counts take device memory per penalized request, not per batch row, and a row's new
+    occupant starts from its own history, not its predecessor's."""
+    sampler = Sampler(torch.device("cpu"), max_rows=256)
+    logits = torch.tensor([[1.0, 2.0, -1.0, 0.5, 3.0]])
+    params = SamplingParams(temperature=0, frequency_penalty=2.0)
+
+    def draw(sequence: Sequence, generation: int) -> int:
+        rows = BatchRows(np.array([7]), np.array([generation]), np.array([sequence.num_tokens]))
+        return sampler.sample(logits.clone(), [sequence], None, rows).read().token_ids[0]
+
+    first = seq(params, [0, 4, 4, 4])  # outputs 4 4 4: token 4 is penalised away
+    assert draw(first, 1) == 1
+    assert sampler._penalties is not None and sampler._penalties.counts.shape[0] == 8
+    # Row 7's next occupant has no history: its argmax is the raw one.
+    assert draw(seq(params, [0]), 2) == 4
