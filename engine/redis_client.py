@@ -24,10 +24,30 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.cluster import ClusterNode, RedisCluster
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}
+
+POOL_CHECKS = {"maint_notifications_config": MaintNotificationsConfig(enabled=False)}
+"""Options of an asyncio client's pool (single server or Sentinel master), so that it checks
+each connection it hands out. redis-py's pool drops a connection the server already closed (at
+EOF, seen locally: no round trip) and connects again before a command is written to it; but
+with maintenance notifications on (redis-py 8 turns them on, "auto", on every RESP3
+connection) its asyncio pool skips that check, so after a Redis restart each connection pooled
+before it failed its next command: the gateway's first requests were 503s. (The blocking pool's
+check raises at EOF, which it acts on whatever the notifications.) The notifications announce a
+managed Redis's planned maintenance (Redis 7 has no such command); without them a moved
+endpoint is handled as a restart.
+
+Checking beats retrying: a command that failed on a closed connection may or may not have run
+(the admission script is not idempotent: a retry could book a request twice), while one never
+written to a closed connection cannot have run. ``health_check_interval`` would PING only the
+connections idle longer than it (a round trip for those) and recover from a failed PING only
+through the retry policy every command shares, so it is not used either. A peer lost without
+closing (no FIN) still fails its command once, after the socket timeout. Cluster clients are
+left as redis-py makes them."""
 
 
 @dataclass
@@ -88,13 +108,15 @@ def async_client(url: str, **options: Any) -> aioredis.Redis:
         return cluster  # type: ignore[no-any-return]
     if topology.kind == "sentinel":
         sentinel = AsyncSentinel(
-            topology.nodes, sentinel_kwargs=_sentinel_kwargs(topology, options), **options
+            topology.nodes,
+            sentinel_kwargs=_sentinel_kwargs(topology, options),
+            **{**POOL_CHECKS, **options},
         )
         master: aioredis.Redis = sentinel.master_for(
             topology.service, db=topology.db, **topology.auth
         )
         return master
-    return aioredis.from_url(url, **options)
+    return aioredis.from_url(url, **{**POOL_CHECKS, **options})
 
 
 def sync_client(url: str, **options: Any) -> redis.Redis:

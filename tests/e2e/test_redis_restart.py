@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -95,10 +95,10 @@ def test_requests_get_503_during_a_redis_outage_and_service_resumes_after(
     private_redis.start()
     # Redis came back empty: the registry and heartbeat keys are gone until the worker beats
     # again, but the gateway trusts the workers it saw meanwhile, so its router never answers
-    # "no deployment is available". What may fail is the first use of each connection the
-    # gateway pooled before the restart (the server closed them and the command is not retried
-    # on another): a 503 naming Redis. Only those are retried.
-    assert until_served(ask), "service did not resume after Redis came back"
+    # "no deployment is available"; and the connections the gateway pooled before the restart
+    # are found closed when next taken from the pool (engine/redis_client.py), not failed on.
+    # So the first request after the restart is served, and so is the first streamed one.
+    assert ask(), "the first request after Redis came back was not answered"
 
     def ask_streamed() -> str:
         chunks = client.chat.completions.create(
@@ -110,21 +110,5 @@ def test_requests_get_503_during_a_redis_outage_and_service_resumes_after(
         )
         return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
-    assert until_served(ask_streamed), "streaming did not resume after Redis came back"
+    assert ask_streamed(), "the first streamed request after Redis came back was not answered"
     assert worker.alive() and gateway_process.alive()
-
-
-def until_served(ask: Callable[[], str], window_s: float = 30.0) -> str:
-    """``ask`` until it is answered; only a 503 naming Redis (a stale connection) may come first."""
-    began = time.monotonic()
-    while time.monotonic() - began < window_s:
-        try:
-            answer = ask()
-        except openai.APIStatusError as exc:
-            assert exc.status_code == 503, f"after Redis came back: {exc.status_code} {exc}"
-            assert "Redis" in exc.message, f"after Redis came back: {exc}"
-            time.sleep(0.05)
-            continue
-        if answer:
-            return answer
-    return ""
