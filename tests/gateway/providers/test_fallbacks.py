@@ -165,3 +165,34 @@ def test_openai_role_chunk_then_end_moves_on_and_the_role_chunk_still_reaches_th
     (event,) = hosted_usage(response.headers["x-request-id"])
     assert event.deployment == "azure-steady" and event.status == "ok"
     assert event.ttft_ms is not None and event.completion_tokens == 3
+
+
+@pytest.mark.parametrize("model", ["anthropic-plain", "azure-plain"])
+def test_a_stream_that_ends_with_no_output_is_served_and_billed(
+    hosted_gateway: tuple[str, str],
+    hosted_usage: Callable[..., list[UsageEvent]],
+    model: str,
+) -> None:
+    # The stop sequence ends the fake's answer before its first word: the stream opens, then
+    # finishes (with usage) without output. The finish is what commits it.
+    url, key = hosted_gateway
+    body = {
+        "model": model,
+        "max_tokens": 3,
+        "stop": ["w0"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    assert answer_text(response, "openai", True) == ""
+    assert '"finish_reason":"stop"' in response.text.replace(" ", "")
+    (event,) = hosted_usage(response.headers["x-request-id"])
+    assert (event.status, event.finish_reason) == ("ok", "stop")
+    assert event.prompt_tokens > 0 and event.ttft_ms is not None
