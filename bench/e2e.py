@@ -16,7 +16,9 @@ thread in both modes (``--engine-threads``), leaving a core to the HTTP client, 
 Redis, and the ratio measures the transport rather than two processes fighting for one core. Prints TTFT p50/p99 and output tokens/s for each and their
 ratio; the last line is one JSON object with ttft_p50_ms, ttft_p99_ms, gateway_tok_s,
 inprocess_tok_s, ratio (gateway / in-process, target >= 0.9 at 32 concurrent streams), and
-transport_tok_s, transport_ratio.
+transport_tok_s, transport_ratio, worker_cpu_ms_per_token and core_cpu_ms_per_token (the
+worker process's CPU per token served, and its engine core process's; ``--worker-arg`` passes
+flags to the worker, e.g. ``--no-core-process``).
 """
 
 from __future__ import annotations
@@ -249,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         help="CPU threads for the model in both modes (default 1: see the module docstring)",
     )
     parser.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="extra flag for the engine worker, e.g. --worker-arg=--no-core-process",
+    )
+    parser.add_argument(
         "--database-url",
         default=os.environ.get(
             "SLUICEGATE_TEST_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -289,11 +297,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             port, metrics_port = free_port(), free_port()
             engine_flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_OPTIONS.items()]
-            stack.spawn(
+            worker = stack.spawn(
                 "engine",
                 [sys.executable, "-m", "engine.worker", "--model", str(model_dir),
                  "--served-model-name", model_name, "--redis-url", args.redis_url,
-                 "--metrics-port", str(metrics_port), "--max-pull", "64", *engine_flags],
+                 "--metrics-port", str(metrics_port), "--max-pull", "64", *engine_flags,
+                 *args.worker_arg],
                 env,
                 Path(tmp) / "logs",
             )  # fmt: skip
@@ -315,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
             response.raise_for_status()
             api_key = response.json()["key"]
             wait_listed(base_url, api_key, model_name)
-            results = asyncio.run(_rounds(args, prompts, model_dir, port, api_key, model_name))
+            results, cpu = asyncio.run(
+                _rounds(args, prompts, model_dir, port, api_key, model_name, worker.process.pid)
+            )
         finally:
             stack.stop()
 
@@ -364,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
                 "requests": args.requests,
                 "max_tokens": args.max_tokens,
                 "engine_threads": args.engine_threads,
+                # CPU the worker process and its engine core process (if separate) spent per
+                # token served through it: the step loop's process bounds the throughput.
+                "worker_cpu_ms_per_token": round(cpu["worker"] / cpu["tokens"] * 1000, 4),
+                "core_cpu_ms_per_token": round(cpu["core"] / cpu["tokens"] * 1000, 4),
             }
         )
     )
@@ -377,7 +392,8 @@ async def _rounds(
     port: int,
     api_key: str,
     model_name: str,
-) -> dict[str, list[Result]]:
+    worker_pid: int,
+) -> tuple[dict[str, list[Result]], dict[str, float]]:
     from engine import AsyncEngine
 
     engine = AsyncEngine(str(model_dir), **ENGINE_OPTIONS)
@@ -400,10 +416,17 @@ async def _rounds(
             ),
         }
         order = list(runs)
+        cpu = {"worker": 0.0, "core": 0.0, "tokens": 0.0}
         for round_no in range(args.rounds):
             # Rotate which goes first, so none always runs on a warmer (or busier) machine.
             for mode in order[round_no % 3 :] + order[: round_no % 3]:
+                before = _worker_cpu_s(worker_pid)
                 results[mode].append(await runs[mode]())
+                if mode != "inprocess":
+                    after = _worker_cpu_s(worker_pid)
+                    cpu["worker"] += after[0] - before[0]
+                    cpu["core"] += after[1] - before[1]
+                    cpu["tokens"] += results[mode][-1].tokens
             print(
                 f"round {round_no + 1}: "
                 + ", ".join(f"{m} {results[m][-1].tok_s:.1f} tok/s" for m in order),
@@ -413,7 +436,18 @@ async def _rounds(
         stopped = engine.shutdown()
         if asyncio.iscoroutine(stopped):
             await stopped
-    return results
+    return results, cpu
+
+
+def _worker_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds of the worker process, and of its children (the engine core process)."""
+
+    def cpu_s(p: int | str) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return cpu_s(pid), sum(cpu_s(c) for c in children)
 
 
 if __name__ == "__main__":

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine import protocol
+from engine import core_channel, protocol
+from engine.core_client import CoreClient
 from engine.engine_core import EngineCore, EngineOptions, RequestDelta
 from engine.logprobs import wire_logprobs
+from engine.prompts import prompt_ids
 from engine.protocol import Usage
 from engine.request_options import RequestOptions
 from engine.sampler import TokenLogprobs
 from engine.sampling import SamplingParams
+from engine.scheduler import RequestRejected
+from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +61,12 @@ class AsyncEngine:
     ``accept_limit`` is how many requests may wait for admission before ``can_accept`` says
     no (default: ``max_waiting`` if set, else 8); a worker pulls new work only while
     ``can_accept()``. Engine options are those of ``EngineOptions``.
+
+    ``core_process`` runs the engine core (scheduler, block manager, model runner, sampling,
+    detokenizing) in a process of its own (``engine.core_process``); this process then only
+    tokenizes prompts, routes deltas and whatever its caller does (a worker's Redis I/O), on
+    another CPU core in parallel with the steps. If that process dies, every request in
+    flight fails with ``EngineStopped`` and ``failed`` is set.
     """
 
     def __init__(
@@ -64,6 +75,7 @@ class AsyncEngine:
         options: EngineOptions | None = None,
         *,
         accept_limit: int | None = None,
+        core_process: bool = False,
         **option_overrides: Any,
     ) -> None:
         self.model = model
@@ -78,23 +90,58 @@ class AsyncEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
         self._stats: dict[str, Any] = {}
+        self.core_process = core_process
+        self._client: CoreClient | None = None
+        self.tokenizer: Tokenizer | None = None
+        self._vocab_size = 0
+        self._in_transit = 0
+        """Requests sent to the core process that its outputs have not counted yet."""
+        self.failed = asyncio.Event()
+        """Set when the engine core process died: a supervisor should restart us."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Load the model (in the worker thread) and start the step loop."""
-        if self._loop_task is not None:
+        if self._running:
+            return
+        if self.core_process:
+            await self._start_process()
             return
         loop = asyncio.get_running_loop()
         self.core = await loop.run_in_executor(self._executor, EngineCore, self.model, self.options)
+        self.tokenizer = self.core.tokenizer
         self._stats = self.core.stats()
         self._stopping = False
         self._loop_task = asyncio.create_task(self._run(), name="engine-step-loop")
+
+    async def _start_process(self) -> None:
+        loop = asyncio.get_running_loop()
+        client = CoreClient(self.model, self.options, self._on_output, self._on_core_exit)
+        # The worker's own tokenizer loads while the core loads the model.
+        tokenizer = loop.run_in_executor(self._executor, Tokenizer, self.model)
+        try:
+            ready = await client.start()
+        finally:
+            self.tokenizer = await tokenizer
+        # The token bytes table (for logprobs), built once, off the event loop.
+        threading.Thread(target=self.tokenizer.token_bytes, args=(0,), daemon=True).start()
+        self._vocab_size = ready.vocab_size
+        self._stats = ready.stats
+        self._stopping = False
+        self._client = client
+
+    @property
+    def _running(self) -> bool:
+        return self._loop_task is not None or self._client is not None
 
     async def shutdown(self) -> None:
         """Stop stepping; every unfinished stream ends with an ``abort`` delta."""
         self._stopping = True
         self._wake.set()
+        if self._client is not None:
+            await self._client.shutdown()  # its last outputs end every stream it knew
+            self._client = None
         if self._loop_task is not None:
             await self._loop_task
             self._loop_task = None
@@ -137,12 +184,23 @@ class AsyncEngine:
         the engine cannot take (``RequestRejected``, a ``ValueError``, e.g. too long for the
         context, or a grammar that does not compile) raises, here or from the iterator.
         Leaving the iteration early aborts the request."""
-        if self._loop_task is None or self._stopping:
+        if not self._running or self._stopping:
             raise EngineStopped("the engine is not running; call start() first")
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        assert self.core is not None
         options = options or RequestOptions()
+        if self._client is not None:
+            return self._add_to_process(
+                self._client,
+                request_id,
+                prompt,
+                prompt_token_ids,
+                messages,
+                params or SamplingParams(),
+                options,
+                resume_token_ids,
+            )
+        assert self.core is not None
         spec = self.core.grammar_spec(options)
         grammar = None
         if spec is not None:
@@ -177,15 +235,69 @@ class AsyncEngine:
         """The prompt's length in tokens, rendered exactly as ``add_request`` renders it (chat
         template, tools), without scheduling anything. It runs on the step thread, between
         two steps, as everything that touches the engine does."""
-        if self._loop_task is None or self._stopping:
+        if not self._running or self._stopping:
             raise EngineStopped("the engine is not running; call start() first")
+        loop = asyncio.get_running_loop()
+        if self._client is not None:  # tokenized here, as the core process's requests are
+            assert self.tokenizer is not None
+            tokenizer, vocab = self.tokenizer, self._vocab_size
+            ids = await loop.run_in_executor(
+                None,
+                lambda: prompt_ids(tokenizer, vocab, prompt, prompt_token_ids, messages, options),
+            )
+            return len(ids)
         core = self.core
         assert core is not None
-        loop = asyncio.get_running_loop()
         ids = await loop.run_in_executor(
             self._executor, core.prompt_ids, prompt, prompt_token_ids, messages, options
         )
         return len(ids)
+
+    def _add_to_process(
+        self,
+        client: CoreClient,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int] | None,
+        messages: list[Any] | None,
+        params: SamplingParams,
+        options: RequestOptions,
+        resume_token_ids: list[int] | None,
+    ) -> AsyncIterator[RequestDelta]:
+        assert self.tokenizer is not None
+        queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
+        self._streams[request_id] = queue
+        try:
+            ids = prompt_ids(
+                self.tokenizer, self._vocab_size, prompt, prompt_token_ids, messages, options
+            )
+        except ValueError as exc:
+            self._fail(request_id, exc)  # raised from the iterator, as in-process
+            return self._stream(request_id, queue)
+        self._in_transit += 1
+        client.add(
+            request_id,
+            ids,
+            params,
+            options,
+            chat=messages is not None,
+            resume_token_ids=resume_token_ids,
+        )
+        return self._stream(request_id, queue)
+
+    def _on_output(self, output: core_channel.StepOutput) -> None:
+        self._in_transit -= output.added
+        self._stats = output.stats
+        for failed in output.failed:
+            error = _FAILURES.get(failed.kind, EngineStopped)
+            self._fail(failed.request_id, error(failed.message))
+        self._dispatch(output.deltas)
+
+    def _on_core_exit(self, reason: str) -> None:
+        self._stopping = True
+        for request_id in list(self._streams):
+            self._fail(request_id, EngineStopped(reason))
+        self.failed.set()
 
     async def _stream(
         self, request_id: str, queue: asyncio.Queue[RequestDelta | BaseException]
@@ -208,6 +320,9 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         """End a request; its blocks are freed before the next step runs."""
         if request_id in self._streams:
+            if self._client is not None:
+                self._client.abort(request_id)
+                return
             self._aborts.add(request_id)
             self._wake.set()
 
@@ -216,16 +331,25 @@ class AsyncEngine:
     def can_accept(self) -> bool:
         """Whether a worker should pull another request: the engine runs, few requests wait
         for admission and the KV cache has free blocks."""
-        if self._loop_task is None or self._stopping:
+        if not self._running or self._stopping:
             return False
         stats = self._stats
-        waiting = stats.get("num_waiting", 0) + len(self._pending)
+        waiting = stats.get("num_waiting", 0) + self._num_pending()
         free_blocks = stats.get("kv_blocks_total", 0) - stats.get("kv_blocks_used", 0)
         return waiting < self.accept_limit and free_blocks > 0
 
     def stats(self) -> dict[str, Any]:
         """Scheduler counters as of the last step, plus requests not yet handed to it."""
-        return {**self._stats, "num_pending": len(self._pending), "num_streams": len(self._streams)}
+        return {
+            **self._stats,
+            "num_pending": self._num_pending(),
+            "num_streams": len(self._streams),
+        }
+
+    def _num_pending(self) -> int:
+        """Requests not in the scheduler yet: queued here, on their way to the core process,
+        or compiling their grammar there."""
+        return len(self._pending) + self._in_transit + self._stats.get("num_pending", 0)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -266,8 +390,8 @@ class AsyncEngine:
 
     def wire_logprobs(self, entries: list[TokenLogprobs]) -> list[protocol.TokenLogprob]:
         """Logprob entries with each token's text and bytes, as the wire protocol carries them."""
-        assert self.core is not None
-        return wire_logprobs(entries, self.core.tokenizer)
+        assert self.tokenizer is not None
+        return wire_logprobs(entries, self.tokenizer)
 
     def _step(
         self, core: EngineCore, pending: list[_PendingRequest], aborts: set[str]
@@ -316,6 +440,9 @@ class AsyncEngine:
         queue = self._streams.pop(request_id, None)
         if queue is not None:
             queue.put_nowait(error)
+
+
+_FAILURES: dict[str, type[Exception]] = {"rejected": RequestRejected, "invalid": ValueError}
 
 
 def _abort_delta(request_id: str) -> RequestDelta:

@@ -21,6 +21,7 @@ from engine.model_runner import ModelRunner
 from engine.models import load_model
 from engine.models.llama import LlamaForCausalLM
 from engine.models.onednn import can_use_onednn, use_onednn_linears
+from engine.prompts import prompt_ids
 from engine.protocol import ToolCallDelta, Usage
 from engine.reasoning import template_has_reasoning
 from engine.request_options import RequestOptions
@@ -28,7 +29,7 @@ from engine.sampler import BatchRows, SampledBatch, Sampler, TokenLogprobs, deri
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from engine.sequence import Sequence
-from engine.tokenizer import Tokenizer, template_tools
+from engine.tokenizer import Tokenizer
 from engine.tools import detect_tool_parser, make_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -221,21 +222,14 @@ class EngineCore:
         messages: list[Any] | None = None,
         options: RequestOptions | None = None,
     ) -> list[int]:
-        given = [x is not None for x in (prompt, prompt_token_ids, messages)]
-        if sum(given) != 1:
-            raise ValueError("give exactly one of prompt, prompt_token_ids, messages")
-        if prompt is not None:
-            return self.tokenizer.encode(prompt)
-        if messages is not None:
-            kwargs = dict(options.chat_template_kwargs or {}) if options else {}
-            if options is not None and options.uses_tools:
-                kwargs["tools"] = template_tools(options.tools or [])
-            return self.tokenizer.apply_chat_template(messages, **kwargs)
-        assert prompt_token_ids is not None
-        vocab = self.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        return list(prompt_token_ids)
+        return prompt_ids(
+            self.tokenizer,
+            self.model.config.vocab_size,
+            prompt,
+            prompt_token_ids,
+            messages,
+            options,
+        )
 
     def grammar_spec(self, options: RequestOptions) -> GrammarSpec | None:
         """What the request's output must match, or None (see ``engine.grammar``)."""

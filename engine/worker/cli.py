@@ -76,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="no torch.compile and no CUDA graphs (both are on by default on CUDA)",
     )
     engine.add_argument("--cpu-compile", action="store_true", help="torch.compile on CPU too")
+    engine.add_argument(
+        "--core-process",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run the engine core (scheduler, model, sampling, detokenizing) in a process of "
+        "its own, so Redis I/O and tokenizing here run in parallel with its steps (default: "
+        "off; on this project's 2-core CPU machine it measured no faster, see bench/e2e.py)",
+    )
     engine.add_argument("--log-level", default=os.environ.get("SLUICEGATE_LOG_LEVEL", "INFO"))
     return parser
 
@@ -131,8 +139,11 @@ async def serve(args: argparse.Namespace) -> int:
     from engine.async_engine import AsyncEngine
 
     logger.info("loading %s as %r", args.model, served_name)
-    engine = AsyncEngine(args.model, **engine_kwargs(args))
+    engine = AsyncEngine(args.model, core_process=args.core_process, **engine_kwargs(args))
     await engine.start()
+    # A dead engine core fails what was in flight; then the worker stops, non-zero, so its
+    # supervisor starts a fresh one.
+    core_watch = asyncio.create_task(_stop_when(engine.failed, stop), name="core-watch")
     redis = async_client(args.redis_url, socket_connect_timeout=2.0, health_check_interval=10)
     cancels = pubsub_client(args.redis_url, socket_connect_timeout=2.0, health_check_interval=10)
     worker = Worker(engine, redis, options, metrics, pubsub_redis=cancels)
@@ -150,13 +161,22 @@ async def serve(args: argparse.Namespace) -> int:
         if not stop.is_set():
             await worker.run(stop)
     finally:
+        core_watch.cancel()
         health.ready = False
         await engine.shutdown()
         await redis.aclose()
         await cancels.aclose()
         await health.stop()
+    if engine.failed.is_set():
+        logger.error("worker %s stopped: its engine core process died", options.worker_id)
+        return 1
     logger.info("worker %s stopped", options.worker_id)
     return 0
+
+
+async def _stop_when(event: asyncio.Event, stop: asyncio.Event) -> None:
+    await event.wait()
+    stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,6 +98,10 @@ class Server:
         except ValueError as exc:
             self.fail(item, _rejection_code(exc), str(exc))
         except Exception as exc:
+            if self.engine.failed.is_set():
+                # The engine core process died: the gateway resumes the request elsewhere.
+                self.fail(item, "worker_lost", f"The engine worker was lost: {exc}")
+                return
             logger.exception("request %s failed", rid)
             self.fail(item, "internal_error", f"The engine failed: {type(exc).__name__}: {exc}")
         finally:

@@ -1,0 +1,210 @@
+"""The engine core in a process of its own (``AsyncEngine(core_process=True)``, the worker's
+``--core-process``): over the wire it answers exactly as the in-process core does — tools, n > 1,
+seeded sampling, logprobs, structured output and its errors — and a core that dies fails
+the requests in flight at once and stops the worker with a non-zero exit, never a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+import redis
+
+from engine import SamplingParams, protocol
+from engine.async_engine import AsyncEngine, EngineStopped
+from tests.engine.worker_harness import REDIS_URL, WorkerHarness, running_worker
+
+TOOL = protocol.Tool(
+    name="pick",
+    parameters={
+        "type": "object",
+        "properties": {"color": {"enum": ["red", "blue"]}, "n": {"enum": [1, 2, 3]}},
+        "required": ["color", "n"],
+        "additionalProperties": False,
+    },
+)
+CHAT = [protocol.ChatMessage(role="user", content="pick one")]
+REQUESTS = [
+    protocol.Request(
+        "tools",
+        "m",
+        protocol.Sampling(max_tokens=60, temperature=1.0, seed=9, logprobs=2),
+        messages=CHAT,
+        n=2,
+        tools=[TOOL],
+        tool_choice="function",
+        tool_choice_name="pick",
+    ),
+    protocol.Request(
+        "json",
+        "m",
+        protocol.Sampling(max_tokens=40, temperature=0),
+        messages=CHAT,
+        structured=protocol.Structured(kind="json_schema", json_schema='{"type": "object"}'),
+    ),
+    protocol.Request(
+        "bad-grammar",
+        "m",
+        prompt="x",
+        structured=protocol.Structured(kind="grammar", grammar="root ::= "),
+    ),
+    protocol.Request("too-long", "m", prompt_token_ids=[5] * 5000),
+]
+
+
+def _comparable(replies: list[object]) -> list[tuple[object, ...]]:
+    out: list[tuple[object, ...]] = []
+    for r in replies:
+        if isinstance(r, protocol.Delta):
+            # Tool-call ids are random: only whether a fragment carries one is compared.
+            calls = [msgspec.structs.replace(c, id=c.id and "call") for c in r.tool_calls]
+            # Logprobs to 3 places: which requests share a step moves the last float bits.
+            logprobs = [
+                (e.token, round(e.logprob, 3), [t.token for t in e.top]) for e in r.logprobs
+            ]
+            out.append((r.index, r.token_ids, r.text, calls, logprobs, r.finish_reason))
+        elif isinstance(r, protocol.Error):
+            out.append((r.code, re.sub(r"\[\d\d:\d\d:\d\d\] ", "", r.message)))  # xgrammar's clock
+    return sorted(out, key=repr)
+
+
+async def _serve_all(worker: WorkerHarness) -> dict[str, list[tuple[object, ...]]]:
+    # Reply streams are named by request id: ids of their own keep the runs apart.
+    run = uuid.uuid4().hex[:8]
+    requests = [msgspec.structs.replace(r, request_id=f"{run}-{r.request_id}") for r in REQUESTS]
+    for request in requests:
+        await worker.send(request)
+    replies = {r.request_id: await worker.replies(r.request_id) for r in requests}
+    await worker.redis.delete(*(protocol.reply_stream(rid) for rid in replies))
+    return {rid.split("-", 1)[1]: _comparable(got) for rid, got in replies.items()}
+
+
+async def test_a_core_process_answers_as_the_in_process_core(model_dirs: dict[str, Path]) -> None:
+    async with running_worker(model_dirs["qwen2"], core_process=False) as worker:
+        want = await _serve_all(worker)
+    async with running_worker(model_dirs["qwen2"], core_process=True) as worker:
+        got = await _serve_all(worker)
+    assert got == want
+    assert {i for i, *_ in want["tools"]} == {0, 1}
+    assert want["bad-grammar"][0][0] == "invalid_request"
+    assert want["too-long"][0][0] == "context_length_exceeded"
+
+
+async def test_a_dead_core_fails_requests_in_flight(llama_dir: Path) -> None:
+    engine = AsyncEngine(llama_dir, num_kv_blocks=128, core_process=True)
+    await engine.start()
+    params = SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True)
+    stream = engine.add_request("long", prompt_token_ids=[5, 6, 7], params=params)
+    await stream.__anext__()
+    assert engine._client is not None
+    os.kill(engine._client.process.pid, signal.SIGKILL)
+    with pytest.raises(EngineStopped, match="exit code -9"):
+        async with asyncio.timeout(10):
+            async for _ in stream:
+                pass
+    assert engine.failed.is_set()
+    assert not engine.can_accept()
+    with pytest.raises(EngineStopped):
+        engine.add_request("late", "hi")
+    await engine.shutdown()
+
+
+def _core_pid(worker_pid: int) -> int:
+    """The worker's spawned core (its other child is multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{worker_pid}/task/{worker_pid}/children").read_text().split()
+    cores = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(cores) == 1, children
+    return int(cores[0])
+
+
+def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path: Path) -> None:
+    model = f"test-core-{uuid.uuid4().hex[:10]}"
+    rid = f"{model}-long"
+    port = _free_port()
+    log_path = tmp_path / "worker.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    client = redis.Redis.from_url(REDIS_URL)
+    with log_path.open("w") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "engine.worker", "--model", str(llama_dir),
+             "--served-model-name", model, "--redis-url", REDIS_URL,
+             "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
+             "--num-kv-blocks", "128", "--device", "cpu", "--dtype", "float32", "--core-process"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        _wait_ready(port, worker, log_path)
+        sampling = protocol.Sampling(max_tokens=1000, temperature=0, ignore_eos=True)
+        request = protocol.Request(rid, model, sampling, prompt_token_ids=[5, 6])
+        client.xadd(
+            protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
+        )
+        replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Delta))
+        os.kill(_core_pid(worker.pid), signal.SIGKILL)
+        replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Error))
+        assert isinstance(replies[-1], protocol.Error), replies[-1]
+        assert replies[-1].code == "worker_lost"
+        assert "exit code -9" in replies[-1].message
+        assert worker.wait(30) == 1, log_path.read_text()
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        keys = [*client.scan_iter(f"*{model}*")]
+        client.delete(*keys)
+        client.close()
+
+
+def _read(client: redis.Redis, request_id: str, until: Callable[[object], bool]) -> list[object]:
+    """Every reply of the request so far, up to the first that ``until`` accepts (60 s)."""
+    messages: list[object] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        entries = client.xrange(protocol.reply_stream(request_id))
+        messages = []
+        for _, fields in entries:
+            message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+            batch = message.messages if isinstance(message, protocol.Batch) else [message]
+            messages.extend(batch)
+        if any(until(m) for m in messages):
+            return messages
+        time.sleep(0.05)
+    raise AssertionError(f"no such reply in 60 s: {messages[-3:]}")
+
+
+def _core_pid(worker_pid: int) -> int:
+    """The worker's spawned core (its other child is multiprocessing's resource tracker)."""
+    children = Path(f"/proc/{worker_pid}/task/{worker_pid}/children").read_text().split()
+    cores = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    assert len(cores) == 1, children
+    return int(cores[0])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(port: int, worker: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert worker.poll() is None, f"worker exited early:\n{log.read_text()}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"worker not ready:\n{log.read_text()}")
