@@ -61,6 +61,7 @@ REQUESTS = [
         structured=protocol.Structured(kind="grammar", grammar="root ::= "),
     ),
     protocol.Request("too-long", "m", prompt_token_ids=[5] * 5000),
+    protocol.Request("count", "m", messages=CHAT, tools=[TOOL], count_only=True),
 ]
 
 
@@ -74,7 +75,8 @@ def _comparable(replies: list[object]) -> list[tuple[object, ...]]:
             logprobs = [
                 (e.token, round(e.logprob, 3), [t.token for t in e.top]) for e in r.logprobs
             ]
-            out.append((r.index, r.token_ids, r.text, calls, logprobs, r.finish_reason))
+            usage = (r.usage.prompt_tokens, r.usage.completion_tokens) if r.usage else None
+            out.append((r.index, r.token_ids, r.text, calls, logprobs, r.finish_reason, usage))
         elif isinstance(r, protocol.Error):
             out.append((r.code, re.sub(r"\[\d\d:\d\d:\d\d\] ", "", r.message)))  # xgrammar's clock
     return sorted(out, key=repr)
@@ -100,6 +102,8 @@ async def test_a_core_process_answers_as_the_in_process_core(model_dirs: dict[st
     assert {i for i, *_ in want["tools"]} == {0, 1}
     assert want["bad-grammar"][0][0] == "invalid_request"
     assert want["too-long"][0][0] == "context_length_exceeded"
+    ((*_, (prompt_tokens, completion_tokens)),) = want["count"]
+    assert prompt_tokens > 0 and completion_tokens == 0
 
 
 async def test_a_dead_core_fails_requests_in_flight(llama_dir: Path) -> None:
