@@ -3,6 +3,7 @@ Redis with persistence does across an outage) and bring back on the same port.""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 import time
@@ -62,3 +63,4 @@ class PrivateRedis:
             self.process.kill()
             self.process.wait(10)
             self.process = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
