@@ -109,3 +109,19 @@ def test_penalty_counts_match_recounting_the_history() -> None:
         r = repetition[row]
         want[seen] = torch.where(values > 0, values / r, values * r)
         torch.testing.assert_close(got[row], want)
+
+
+def test_two_level_cdf_draws_what_one_running_sum_draws() -> None:
+    """Across block edges, zero-mass runs and a vocabulary that is not a whole number of
+    blocks, the blockwise inversion picks the token a plain float64 running sum picks."""
+    generator = torch.Generator().manual_seed(4)
+    probs = torch.rand(64, 1000, generator=generator) ** 8
+    probs[:, 250:520] = 0  # a run of zero mass across a block edge
+    probs[3, :-1] = 0  # all mass on the very last token
+    uniforms = torch.rand(64, generator=generator, dtype=torch.float64)
+    uniforms[:4] = torch.tensor([0.0, 1 - 2**-53, 0.5, 0.25], dtype=torch.float64)
+    cdf = probs.double().cumsum(-1)
+    want = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)[:, 0]
+    got = sample_from_probs(probs, uniforms)
+    assert torch.equal(got, want.clamp(max=999))
+    assert bool((probs.gather(1, got[:, None]) > 0).all())
