@@ -277,9 +277,10 @@ class Scheduler:
             self.block_manager.cache_full_blocks(seq)
             if not item.samples:
                 continue
-            item.token_index = seq.num_tokens
-            seq.append_token(PLACEHOLDER)
-            if seq.num_output_tokens >= seq.params.max_tokens:
+            tokens = seq.token_ids
+            item.token_index = len(tokens)
+            tokens.append(PLACEHOLDER)
+            if len(tokens) - seq.num_prompt_tokens >= seq.params.max_tokens:
                 self._finish(seq, "length")
                 finished.append(seq)
         if finished:
@@ -289,10 +290,10 @@ class Scheduler:
 
     def record(self, output: SchedulerOutput, tokens: list[int]) -> list[Sequence]:
         """Put the sampled tokens (one per item that samples, in order; extra ones, such as
-        forked choices' rows, are ignored) in place of their
-        placeholders and end the sequences they stop; returns those sequences. A sequence
-        preempted since ``advance`` (waiting again) gets its token too; one that finished
-        otherwise meanwhile (aborted, a stop string) is skipped."""
+        forked choices' rows, are ignored) in place of their placeholders and end the
+        sequences they stop; returns those sequences. A sequence preempted since
+        ``advance`` (waiting again) gets its token too; one that finished otherwise
+        meanwhile (aborted, a stop string) is skipped."""
         finished: list[Sequence] = []
         sampling = [item for item in output.scheduled if item.samples]
         if len(sampling) > len(tokens):
