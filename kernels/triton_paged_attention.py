@@ -19,8 +19,9 @@ Maths in ``kernels.reference.paged_attention``. Layout of the work:
   them. The launcher picks it for decode batches too small to fill the GPU.
 * Tile sizes, warps and pipeline stages per GPU family come from ``kernels.launch_configs``.
   Request counts, offsets and the block-table stride are not specialised on (Triton would
-  otherwise compile new variants as they cross 1 or multiples of 16 mid-serving), so
-  ``warm_up`` can compile every variant a model can meet at start-up.
+  otherwise compile new variants as they cross 1 or multiples of 16 mid-serving), nor the
+  alignment of the metadata pointers (slices of one staging buffer), so ``warm_up`` can
+  compile every variant a model can meet at start-up.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ __all__ = ["default_num_splits", "paged_attention", "plan_tiles", "warm_up"]
 _LOG2_E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["num_seqs", "seq_begin", "token_begin", "stride_table_seq"])
+@triton.jit(
+    do_not_specialize=["num_seqs", "seq_begin", "token_begin", "stride_table_seq"],
+    # Slices of one staging buffer at offsets that change with the batch: read a scalar at a
+    # time, they gain nothing from an alignment guarantee, which would otherwise compile a
+    # variant per alignment mid-serving.
+    do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "cu_seqlens_q_ptr"],
+)
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,

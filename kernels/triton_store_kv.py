@@ -14,7 +14,9 @@ import triton.language as tl
 __all__ = ["store_kv"]
 
 
-@triton.jit
+# The slot mapping is a slice of the step's staging buffer at an offset that changes with
+# the batch: no alignment specialisation, or each alignment would compile mid-serving.
+@triton.jit(do_not_specialize_on_alignment=["slot_mapping_ptr"])
 def _store_kv_kernel(
     key_ptr,
     value_ptr,
