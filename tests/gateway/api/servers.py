@@ -133,6 +133,8 @@ class Upstream:
         usage["total_tokens"] = usage["prompt_tokens"] + n
         ident, created = f"up-{time.time_ns()}", int(time.time())
         if not body.get("stream"):
+            if model == "slow":
+                await asyncio.sleep(0.05 * n)  # as long as the same answer streamed
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish, "logprobs": None}
             if chat:
                 choice["message"] = {"role": "assistant", "content": "".join(words)}
