@@ -6,6 +6,7 @@ the requests in flight at once and stops the worker with a non-zero exit, never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -133,16 +134,20 @@ def _core_pid(worker_pid: int) -> int:
     return int(cores[0])
 
 
-def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _worker_process(
+    model_dir: Path, log_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``python -m engine.worker --core-process`` on the real Redis, ready, serving a long
+    request that has streamed its first delta; yields the process and the request's id."""
     model = f"test-core-{uuid.uuid4().hex[:10]}"
     rid = f"{model}-long"
     port = _free_port()
-    log_path = tmp_path / "worker.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     client = redis.Redis.from_url(REDIS_URL)
     with log_path.open("w") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "engine.worker", "--model", str(llama_dir),
+            [sys.executable, "-m", "engine.worker", "--model", str(model_dir),
              "--served-model-name", model, "--redis-url", REDIS_URL,
              "--metrics-port", str(port), "--metrics-host", "127.0.0.1",
              "--num-kv-blocks", "128", "--device", "cpu", "--dtype", "float32", "--core-process"],
@@ -155,20 +160,47 @@ def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path:
         client.xadd(
             protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
         )
-        replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Delta))
-        os.kill(_core_pid(worker.pid), signal.SIGKILL)
-        replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Error))
-        assert isinstance(replies[-1], protocol.Error), replies[-1]
-        assert replies[-1].code == "worker_lost"
-        assert "exit code -9" in replies[-1].message
-        assert worker.wait(30) == 1, log_path.read_text()
+        _read(client, rid, until=lambda m: isinstance(m, protocol.Delta))
+        yield worker, rid
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-        keys = [*client.scan_iter(f"*{model}*")]
-        client.delete(*keys)
+        client.delete(*client.scan_iter(f"*{model}*"), protocol.reply_stream(rid))
         client.close()
+
+
+def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path: Path) -> None:
+    log_path = tmp_path / "worker.log"
+    with _worker_process(llama_dir, log_path) as (worker, rid):
+        os.kill(_core_pid(worker.pid), signal.SIGKILL)
+        client = redis.Redis.from_url(REDIS_URL)
+        replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Error))
+        client.close()
+        assert isinstance(replies[-1], protocol.Error), replies[-1]
+        assert replies[-1].code == "worker_lost"
+        assert "exit code -9" in replies[-1].message
+        assert worker.wait(30) == 1, log_path.read_text()
+
+
+def test_a_core_never_outlives_its_worker(llama_dir: Path, tmp_path: Path) -> None:
+    with _worker_process(llama_dir, tmp_path / "worker.log") as (worker, _):
+        core = _core_pid(worker.pid)
+        worker.kill()  # mid-generation: the core is stepping
+        worker.wait()
+        deadline = time.monotonic() + 15
+        while _alive(core) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(core), "the engine core kept running without its worker"
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie waiting for its new parent to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
 
 
 def _read(client: redis.Redis, request_id: str, until: Callable[[object], bool]) -> list[object]:
