@@ -264,25 +264,48 @@ class AsyncEngine:
         options: RequestOptions,
         resume_token_ids: list[int] | None,
     ) -> AsyncIterator[RequestDelta]:
-        assert self.tokenizer is not None
-        queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
-        self._streams[request_id] = queue
         try:
-            ids = prompt_ids(
-                self.tokenizer, self._vocab_size, prompt, prompt_token_ids, messages, options
-            )
+            ids = self.prompt_ids(prompt, prompt_token_ids, messages, options)
         except ValueError as exc:
+            queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
+            self._streams[request_id] = queue
             self._fail(request_id, exc)  # raised from the iterator, as in-process
             return self._stream(request_id, queue)
-        self._in_transit += 1
-        client.add(
-            request_id,
-            ids,
-            params,
-            options,
-            chat=messages is not None,
-            resume_token_ids=resume_token_ids,
+        return self._submit(
+            client, request_id, ids, params, options, messages is not None, resume_token_ids
         )
+
+    def prompt_ids(
+        self,
+        prompt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        messages: list[Any] | None = None,
+        options: RequestOptions | None = None,
+    ) -> list[int]:
+        """The prompt as the engine will see it (with a core process: tokenized here)."""
+        if self._client is None:
+            assert self.core is not None
+            return self.core.prompt_ids(prompt, prompt_token_ids, messages, options)
+        assert self.tokenizer is not None
+        return prompt_ids(
+            self.tokenizer, self._vocab_size, prompt, prompt_token_ids, messages, options
+        )
+
+    def _submit(
+        self,
+        client: CoreClient,
+        request_id: str,
+        ids: list[int],
+        params: SamplingParams,
+        options: RequestOptions,
+        chat: bool,
+        resume_token_ids: list[int] | None = None,
+    ) -> AsyncIterator[RequestDelta]:
+        """Send a tokenized request to the core process; its deltas stream back."""
+        queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
+        self._streams[request_id] = queue
+        self._in_transit += 1
+        client.add(request_id, ids, params, options, chat=chat, resume_token_ids=resume_token_ids)
         return self._stream(request_id, queue)
 
     def _on_output(self, output: core_channel.StepOutput) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.async_engine import AsyncEngine
 from engine.engine_core import EngineCore, EngineOptions, RequestDelta
 from engine.protocol import ToolCall
 from engine.request_options import RequestOptions
@@ -41,7 +43,13 @@ class LLM:
     ``model_impl``) are those of ``engine.engine_core.EngineOptions``; ``model_impl`` is
     "auto" (native code for Llama, Mistral, Qwen2, Qwen3, otherwise the checkpoint's
     transformers class on our paged attention), "native" or "transformers".
+
+    ``core_process=True`` runs the engine core in a process of its own (as the worker's
+    ``--core-process``): tokenizing and assembling outputs here overlap its steps. There is
+    no ``engine`` attribute then; the core lives in the other process (``close()`` ends it).
     """
+
+    engine: EngineCore
 
     def __init__(
         self,
@@ -53,23 +61,39 @@ class LLM:
         enable_prefix_caching: bool = True,
         device: str = "auto",
         dtype: str = "auto",
+        core_process: bool = False,
         **options: Any,
     ) -> None:
-        self.engine = EngineCore(
-            model,
-            EngineOptions(
-                block_size=block_size,
-                num_kv_blocks=num_kv_blocks,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                enable_prefix_caching=enable_prefix_caching,
-                device=device,
-                dtype=dtype,
-                **options,
-            ),
+        engine_options = EngineOptions(
+            block_size=block_size,
+            num_kv_blocks=num_kv_blocks,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            device=device,
+            dtype=dtype,
+            **options,
         )
-        self.tokenizer = self.engine.tokenizer
+        self._process: _CoreProcess | None = None
+        if core_process:
+            self._process = _CoreProcess(model, engine_options)
+            assert self._process.engine.tokenizer is not None
+            self.tokenizer = self._process.engine.tokenizer
+        else:
+            self.engine = EngineCore(model, engine_options)
+            self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """Stop the engine core process (with ``core_process``; otherwise nothing to do)."""
+        if self._process is not None:
+            self._process.close()
+            self._process = None
+
+    def _prompt_ids(self, **inputs: Any) -> list[int]:
+        if self._process is not None:
+            return self._process.engine.prompt_ids(**inputs)
+        return self.engine.prompt_ids(**inputs)
 
     def generate(
         self,
@@ -84,9 +108,9 @@ class LLM:
             prompts = [prompts]  # type: ignore[list-item]
         prompt_list: list[Prompt] = list(prompts)  # type: ignore[arg-type]
         token_ids = [
-            self.engine.prompt_ids(prompt=p)
+            self._prompt_ids(prompt=p)
             if isinstance(p, str)
-            else self.engine.prompt_ids(prompt_token_ids=list(p))
+            else self._prompt_ids(prompt_token_ids=list(p))
             for p in prompt_list
         ]
         texts = [p if isinstance(p, str) else None for p in prompt_list]
@@ -102,12 +126,12 @@ class LLM:
         ``options`` adds tools, structured output or template variables (one choice each)."""
         if conversations and isinstance(conversations[0], Mapping):
             conversations = [conversations]  # type: ignore[list-item]
-        token_ids = [
-            self.engine.prompt_ids(messages=list(c), options=options) for c in conversations
-        ]
+        token_ids = [self._prompt_ids(messages=list(c), options=options) for c in conversations]
         return self._run([None] * len(token_ids), token_ids, params, options, chat=True)
 
     def stats(self) -> dict[str, Any]:
+        if self._process is not None:
+            return self._process.engine.stats()
         return self.engine.stats()
 
     def _run(
@@ -127,14 +151,20 @@ class LLM:
             if len(params_list) != len(token_ids):
                 raise ValueError(f"{len(params_list)} SamplingParams for {len(token_ids)} prompts")
         outputs: dict[str, RequestOutput] = {}
+        requests = []
+        for text, ids, p in zip(texts, token_ids, params_list, strict=True):
+            request_id = f"llm-{next(self._ids)}"
+            requests.append((request_id, ids, p))
+            outputs[request_id] = RequestOutput(
+                request_id, text, ids, logprobs=[] if p.logprobs is not None else None
+            )
+        if self._process is not None:
+            self._process.run(requests, options or RequestOptions(), chat, outputs)
+            return list(outputs.values())
         engine = self.engine
         try:
-            for text, ids, p in zip(texts, token_ids, params_list, strict=True):
-                request_id = f"llm-{next(self._ids)}"
+            for request_id, ids, p in requests:
                 engine.add_request(request_id, ids, p, options, chat=chat)
-                outputs[request_id] = RequestOutput(
-                    request_id, text, ids, logprobs=[] if p.logprobs is not None else None
-                )
             while engine.has_unfinished():
                 for delta in engine.step():
                     _apply(outputs[delta.request_id], delta)
@@ -143,6 +173,53 @@ class LLM:
                 if output.finish_reason is None:
                     engine.abort(request_id)
         return list(outputs.values())
+
+
+class _CoreProcess:
+    """An ``AsyncEngine`` with its core in another process, driven from synchronous code."""
+
+    def __init__(self, model: str | Path, options: EngineOptions) -> None:
+        self.runner = asyncio.Runner()
+        self.engine = AsyncEngine(model, options, core_process=True)
+        self.runner.run(self.engine.start())
+
+    def run(
+        self,
+        requests: list[tuple[str, list[int], SamplingParams]],
+        options: RequestOptions,
+        chat: bool,
+        outputs: dict[str, RequestOutput],
+    ) -> None:
+        self.runner.run(self._run(requests, options, chat, outputs))
+
+    async def _run(
+        self,
+        requests: list[tuple[str, list[int], SamplingParams]],
+        options: RequestOptions,
+        chat: bool,
+        outputs: dict[str, RequestOutput],
+    ) -> None:
+        engine = self.engine
+        client = engine._client
+        assert client is not None
+
+        async def one(request_id: str, ids: list[int], params: SamplingParams) -> None:
+            async for delta in engine._submit(client, request_id, ids, params, options, chat):
+                _apply(outputs[request_id], delta)
+
+        tasks = [asyncio.ensure_future(one(*request)) for request in requests]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            # As in-process: one request that cannot run fails the call, and the rest stop.
+            for request_id in outputs:
+                engine.abort(request_id)
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    def close(self) -> None:
+        self.runner.run(self.engine.shutdown())
+        self.runner.close()
 
 
 def _apply(output: RequestOutput, delta: RequestDelta) -> None:

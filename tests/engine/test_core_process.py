@@ -23,7 +23,7 @@ import msgspec
 import pytest
 import redis
 
-from engine import SamplingParams, protocol
+from engine import LLM, SamplingParams, protocol
 from engine.async_engine import AsyncEngine, EngineStopped
 from tests.engine.worker_harness import REDIS_URL, WorkerHarness, running_worker
 
@@ -244,3 +244,33 @@ def _wait_ready(port: int, worker: subprocess.Popen[bytes], log: Path) -> None:
         except OSError:
             time.sleep(0.2)
     raise AssertionError(f"worker not ready:\n{log.read_text()}")
+
+
+def test_llm_with_a_core_process_generates_as_in_process(llama_dir: Path) -> None:
+    prompts: list[str | list[int]] = ["hello there", [5, 17, 42, 9], "a much longer prompt " * 6]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=20, temperature=0.8, seed=5, stop=["e"]),
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True),
+    ]
+    chat = [{"role": "user", "content": "hi"}]
+    local = LLM(str(llama_dir), num_kv_blocks=128)
+    want = local.generate(prompts, params), local.chat(chat, params[2])
+    remote = LLM(str(llama_dir), num_kv_blocks=128, core_process=True)
+    try:
+        got = remote.generate(prompts, params), remote.chat(chat, params[2])
+        with pytest.raises(ValueError, match="exceeds"):
+            remote.generate([[5] * 5000, "fine"], params[2])
+        assert remote.stats()["num_running"] == 0 and remote.stats()["kv_blocks_used"] == 0
+        again = remote.generate(prompts[:1], params[0])
+    finally:
+        remote.close()
+    for a, b in zip([*want[0], *want[1]], [*got[0], *got[1]], strict=True):
+        assert (a.prompt_token_ids, a.token_ids, a.text, a.finish_reason) == (
+            b.prompt_token_ids,
+            b.token_ids,
+            b.text,
+            b.finish_reason,
+        )
+        assert [x.token_id for x in a.logprobs or []] == [x.token_id for x in b.logprobs or []]
+    assert again[0].token_ids == want[0][0].token_ids
