@@ -125,3 +125,17 @@ def test_two_level_cdf_draws_what_one_running_sum_draws() -> None:
     got = sample_from_probs(probs, uniforms)
     assert torch.equal(got, want.clamp(max=999))
     assert bool((probs.gather(1, got[:, None]) > 0).all())
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.05], ids=["peaked", "flat"])
+def test_top_p_from_the_largest_candidates_matches_the_full_sort(scale: float) -> None:
+    """On the CPU a nucleus found among each row's largest tokens (peaked rows) and one that
+    needs the whole row (flat rows, where the candidates fall short) both equal the
+    full-sort definition."""
+    vocab = 6000
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(9)) * scale
+    top_p = np.array([0.9, 0.5, 0.99, 0.3])
+    got = filtered_probs(logits.clone(), np.full(4, vocab), top_p, np.zeros(4))
+    for row in range(4):
+        want = sorted_filter(logits[row], vocab, float(top_p[row]), 0.0)
+        assert torch.equal(got[row] == 0, want.isinf()), row
