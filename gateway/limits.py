@@ -23,7 +23,8 @@ period, a restart, an eviction, a FLUSHALL) the script books nothing and names i
 limiter re-seeds it from the period's committed usage in PostgreSQL before admitting.
 
 Crash safety: the admission also stores the request's lease (``gateway.leases``), and the
-settle releases it, so a request costs one round trip in and one (with its usage event) out.
+settle releases it, so a request costs one round trip in and one (with its usage event) out;
+under load, both join other requests' commands in one pipeline (``gateway.redis_batch``).
 The scripts are in ``gateway.limit_scripts``; headers and refusals in ``gateway.limit_replies``.
 """
 
@@ -43,6 +44,7 @@ from gateway.errors import ServiceUnavailable
 from gateway.limit_replies import REJECTION_REASONS, limit_headers, rejection
 from gateway.limit_scripts import ADMIT_LUA, SEED_LUA, SETTLE_LUA, WINDOW_S
 from gateway.pricing import Price
+from gateway.redis_batch import CommandBatcher
 from gateway.telemetry import REJECTIONS
 
 SLOT_TTL_MARGIN_S = 30.0
@@ -171,6 +173,8 @@ class RateLimiter:
         prices: PriceSource | None = None,
     ) -> None:
         self._redis = redis
+        self.batch = CommandBatcher(redis)
+        """The request path's admission and settle commands go through this."""
         self._slot_ttl_s = slot_ttl_s + SLOT_TTL_MARGIN_S
         self._spend = spend
         self._prices = prices
@@ -190,14 +194,16 @@ class RateLimiter:
 
     async def _evalsha(self, sha_attr: str, source: str, keys: list[str], args: list[Any]) -> Any:
         sha = getattr(self, sha_attr)
-        try:
-            if not sha:
-                raise NoScriptError("not loaded yet")
-            return await self._redis.evalsha(sha, len(keys), *keys, *args)
-        except NoScriptError:
-            # A Redis restart or failover forgets scripts; load again once.
-            setattr(self, sha_attr, await self._redis.script_load(source))
-            return await self._redis.evalsha(getattr(self, sha_attr), len(keys), *keys, *args)
+        if sha:
+            # Joined with other requests' commands while some are in flight (redis_batch).
+            (reply,) = await self.batch.execute(("EVALSHA", sha, len(keys), *keys, *args))
+            if not isinstance(reply, Exception):
+                return reply
+            if not isinstance(reply, NoScriptError):
+                raise reply
+        # Not loaded yet, or a Redis restart or failover forgot it: load it, once.
+        setattr(self, sha_attr, await self._redis.script_load(source))
+        return await self._redis.evalsha(getattr(self, sha_attr), len(keys), *keys, *args)
 
     async def admit(
         self,

@@ -1,6 +1,7 @@
 """Settling a call: the real token counts and cost replace the admission's reservation, the
-lease is released and the usage event appended (one pipelined Redis round trip), metrics and the GenAI span
-record the outcome. Runs once per admitted call, whatever its end."""
+lease is released and the usage event appended (one Redis round trip, shared with other
+requests' commands under load: ``gateway.redis_batch``), metrics and the GenAI span record the
+outcome. Runs once per admitted call, whatever its end."""
 
 from __future__ import annotations
 
@@ -106,10 +107,10 @@ async def settle(call: Call) -> None:
 
 async def _settle_and_record(call: Call, event: UsageEvent, billed_total: int, cost: int) -> None:
     services = call.services
-    pipe = services.redis.pipeline(transaction=False)
-    pipe.execute_command(*services.limiter.settle_command(call.admission, billed_total, cost))
-    services.recorder.record_in(pipe, event)
-    settled, recorded, *_ = await pipe.execute(raise_on_error=False)
+    settled, recorded = await services.limiter.batch.execute(
+        services.limiter.settle_command(call.admission, billed_total, cost),
+        services.recorder.record_command(event),
+    )
     if isinstance(recorded, Exception):
         logger.error("usage of %s not recorded: %s", call.request_id, recorded)
     if isinstance(settled, Exception):

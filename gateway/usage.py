@@ -72,6 +72,10 @@ class UsageRecorder:
     async def record(self, event: UsageEvent) -> None:
         await self._redis.xadd(self._stream, {EVENT_FIELD: _encoder.encode(event)})
 
+    def record_command(self, event: UsageEvent) -> tuple[Any, ...]:
+        """The XADD of ``event``, for a caller that sends it with other commands."""
+        return ("XADD", self._stream, "*", EVENT_FIELD, _encoder.encode(event))
+
     def record_in(self, pipeline: Pipeline, event: UsageEvent) -> None:
         """Queues the XADD on a pipeline the caller executes (e.g. with the limits settle)."""
         pipeline.xadd(self._stream, {EVENT_FIELD: _encoder.encode(event)})
