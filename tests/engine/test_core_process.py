@@ -137,7 +137,7 @@ def _core_pid(worker_pid: int) -> int:
 @contextlib.contextmanager
 def _worker_process(
     model_dir: Path, log_path: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
     """``python -m engine.worker --core-process`` on the real Redis, ready, serving a long
     request that has streamed its first delta; yields the process and the request's id."""
     model = f"test-core-{uuid.uuid4().hex[:10]}"
@@ -161,7 +161,7 @@ def _worker_process(
             protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
         )
         _read(client, rid, until=lambda m: isinstance(m, protocol.Delta))
-        yield worker, rid
+        yield worker, rid, protocol.heartbeat_key(model, f"{socket.gethostname()}-{worker.pid}")
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -172,9 +172,18 @@ def _worker_process(
 
 def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path: Path) -> None:
     log_path = tmp_path / "worker.log"
-    with _worker_process(llama_dir, log_path) as (worker, rid):
-        os.kill(_core_pid(worker.pid), signal.SIGKILL)
+    with _worker_process(llama_dir, log_path) as (worker, rid, heartbeat_key):
         client = redis.Redis.from_url(REDIS_URL)
+        # The core's scheduler stats reach the heartbeat across the process boundary.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            beat = protocol.decode(client.get(heartbeat_key) or b"")
+            assert isinstance(beat, protocol.Heartbeat)
+            if beat.num_running == 1:
+                break
+            time.sleep(0.1)
+        assert beat.num_running == 1 and beat.kv_blocks_used > 0 and 0 < beat.kv_usage < 1
+        os.kill(_core_pid(worker.pid), signal.SIGKILL)
         replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Error))
         client.close()
         assert isinstance(replies[-1], protocol.Error), replies[-1]
@@ -184,7 +193,7 @@ def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path:
 
 
 def test_a_core_never_outlives_its_worker(llama_dir: Path, tmp_path: Path) -> None:
-    with _worker_process(llama_dir, tmp_path / "worker.log") as (worker, _):
+    with _worker_process(llama_dir, tmp_path / "worker.log") as (worker, _, _):
         core = _core_pid(worker.pid)
         worker.kill()  # mid-generation: the core is stepping
         worker.wait()
