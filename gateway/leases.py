@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from gateway.limit_keys import KeyLimits, scope_tag
 from gateway.limit_scripts import EPOCH_TTL_S
-from gateway.limits import Admission, KeyLimits, scope_tag
+from gateway.limits import Admission
 from gateway.pricing import Price
 from gateway.usage import UsageEvent
 

@@ -13,7 +13,7 @@ from gateway.limit_scripts import WINDOW_S
 from gateway.pricing import from_micros
 
 if TYPE_CHECKING:
-    from gateway.limits import ScopeLimits
+    from gateway.limit_keys import ScopeLimits
 
 REJECTION_REASONS = {
     1: "rate_limit_requests",

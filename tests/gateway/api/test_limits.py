@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.app import create_app
-from gateway.limits import budget_period_id
+from gateway.limit_keys import budget_period_id
 from gateway.settings import Settings
 
 from .servers import ServerThread, dead_port
