@@ -13,6 +13,7 @@ from redis.crc import key_slot
 
 from engine import protocol
 from engine.redis_client import async_client, sync_client
+from gateway.redis_batch import CommandBatcher
 
 from .redis_servers import ClusterOfThree
 
@@ -118,3 +119,21 @@ def test_keys_used_together_share_a_slot() -> None:
     ]
     for keys in together:
         assert len({key_slot(k.encode()) for k in keys}) == 1, keys
+
+
+async def test_batched_commands_reach_their_slots_on_the_cluster(cluster: ClusterOfThree) -> None:
+    """The request path's batches (gateway.redis_batch) mix keys of every slot: the cluster
+    pipeline sends each command to its node and the replies come back in order."""
+    client = async_client(cluster.url)
+    batcher = CommandBatcher(client)
+    keys = [f"sg:batch:{{{i}}}" for i in range(40)]
+    try:
+        replies = await asyncio.gather(
+            *(batcher.execute(("INCRBY", key, i), ("GET", key)) for i, key in enumerate(keys))
+        )
+        assert replies == [[i, str(i).encode()] for i in range(40)]
+        assert batcher.round_trips < len(keys)
+        assert len({key_slot(key.encode()) for key in keys}) > 1
+    finally:
+        await client.delete(*keys)
+        await client.aclose()
