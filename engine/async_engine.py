@@ -12,17 +12,16 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from engine import core_channel, protocol
 from engine.core_client import CoreClient
+from engine.core_steps import PendingRequest, abort_all, abort_delta, apply
 from engine.engine_core import EngineCore, EngineOptions, RequestDelta
 from engine.logprobs import wire_logprobs
 from engine.prompts import prompt_ids
-from engine.protocol import Usage
 from engine.request_options import RequestOptions
 from engine.sampler import TokenLogprobs
 from engine.sampling import SamplingParams
@@ -32,23 +31,6 @@ from engine.tokenizer import Tokenizer
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncEngine", "RequestDelta"]
-
-
-@dataclass
-class _PendingRequest:
-    request_id: str
-    params: SamplingParams
-    prompt: str | None
-    prompt_token_ids: list[int] | None
-    messages: list[Any] | None
-    options: RequestOptions
-    grammar: Future[Any] | None = None
-    """The request's grammar, compiling off the step loop; it waits until this is done."""
-    resume_token_ids: list[int] | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self.grammar is None or self.grammar.done()
 
 
 class EngineStopped(RuntimeError):
@@ -84,7 +66,7 @@ class AsyncEngine:
         self.core: EngineCore | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._streams: dict[str, asyncio.Queue[RequestDelta | BaseException]] = {}
-        self._pending: list[_PendingRequest] = []
+        self._pending: list[PendingRequest] = []
         self._aborts: set[str] = set()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -153,7 +135,7 @@ class AsyncEngine:
             )
             self._dispatch(deltas)
         for request_id in list(self._streams):
-            self._dispatch([_abort_delta(request_id)])
+            self._dispatch([abort_delta(request_id)])
         self._pending.clear()
         self._executor.shutdown(wait=True)
         if self.core is not None:
@@ -210,15 +192,15 @@ class AsyncEngine:
         queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
         self._pending.append(
-            _PendingRequest(
+            PendingRequest(
                 request_id,
                 params or SamplingParams(),
+                options,
                 prompt,
                 prompt_token_ids,
                 messages,
-                options,
-                grammar,
-                resume_token_ids,
+                grammar=grammar,
+                resume_token_ids=resume_token_ids,
             )
         )
         self._wake.set()
@@ -395,7 +377,7 @@ class AsyncEngine:
                 )
             except Exception as exc:  # a failed step leaves no request in a known state
                 logger.exception("engine step failed; failing every request in flight")
-                await loop.run_in_executor(self._executor, _abort_all, core)
+                await loop.run_in_executor(self._executor, abort_all, core)
                 for request_id in list(self._streams):
                     self._fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
                 continue
@@ -409,7 +391,7 @@ class AsyncEngine:
         for request in aborted:
             self._pending.remove(request)
             self._aborts.discard(request.request_id)
-            self._dispatch([_abort_delta(request.request_id)])
+            self._dispatch([abort_delta(request.request_id)])
 
     def wire_logprobs(self, entries: list[TokenLogprobs]) -> list[protocol.TokenLogprob]:
         """Logprob entries with each token's text and bytes, as the wire protocol carries them."""
@@ -417,34 +399,10 @@ class AsyncEngine:
         return wire_logprobs(entries, self.tokenizer)
 
     def _step(
-        self, core: EngineCore, pending: list[_PendingRequest], aborts: set[str]
-    ) -> tuple[list[RequestDelta], list[tuple[str, Exception]]]:
+        self, core: EngineCore, pending: list[PendingRequest], aborts: set[str]
+    ) -> tuple[list[RequestDelta], list[tuple[str, ValueError]]]:
         """Runs in the worker thread: apply queued adds and aborts, then one engine step."""
-        deltas: list[RequestDelta] = []
-        errors: list[tuple[str, Exception]] = []
-        for request in pending:
-            if request.request_id in aborts:
-                aborts.discard(request.request_id)
-                deltas.append(_abort_delta(request.request_id))
-                continue
-            try:
-                ids = core.prompt_ids(
-                    request.prompt, request.prompt_token_ids, request.messages, request.options
-                )
-                grammar = request.grammar.result() if request.grammar is not None else None
-                core.add_request(
-                    request.request_id,
-                    ids,
-                    request.params,
-                    request.options,
-                    grammar,
-                    chat=request.messages is not None,
-                    resume_token_ids=request.resume_token_ids,
-                )
-            except ValueError as exc:
-                errors.append((request.request_id, exc))
-        for request_id in aborts:
-            deltas.extend(core.abort(request_id))
+        deltas, errors = apply(core, pending, aborts)
         if core.has_unfinished():
             deltas.extend(core.step())
         self._stats = core.stats()
@@ -466,12 +424,3 @@ class AsyncEngine:
 
 
 _FAILURES: dict[str, type[Exception]] = {"rejected": RequestRejected, "invalid": ValueError}
-
-
-def _abort_delta(request_id: str) -> RequestDelta:
-    return RequestDelta(request_id, finish_reason="abort", usage=Usage(0, 0, 0), done=True)
-
-
-def _abort_all(core: EngineCore) -> None:
-    for request_id in list(core.live_request_ids()):
-        core.abort(request_id)

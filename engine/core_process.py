@@ -18,31 +18,19 @@ import os
 import queue
 import signal
 import threading
-from concurrent.futures import Future
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from engine import core_channel as channel
-from engine.engine_core import EngineCore, EngineOptions, RequestDelta
-from engine.protocol import Usage
+from engine.core_steps import PendingRequest, abort_delta, apply
+from engine.engine_core import EngineCore, EngineOptions
 from engine.scheduler import RequestRejected
 
 logger = logging.getLogger("sluicegate.core")
 
 _GRAMMAR_READY = object()
 """Queued when a grammar finishes compiling, to wake an idle step loop."""
-
-
-@dataclass(eq=False)
-class _Pending:
-    add: channel.AddRequest
-    grammar: Future[Any] | None
-
-    @property
-    def ready(self) -> bool:
-        return self.grammar is None or self.grammar.done()
 
 
 def run_core(
@@ -81,7 +69,7 @@ class CoreLoop:
         self.core = core
         self.inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self.pending: list[_Pending] = []
+        self.pending: list[PendingRequest] = []
         self.aborts: set[str] = set()
         self.added = 0
         self.stopping = False
@@ -132,7 +120,17 @@ class CoreLoop:
             if spec is not None:
                 grammar = self.core.grammars.submit(spec)
                 grammar.add_done_callback(lambda _: self.inbox.put(_GRAMMAR_READY))
-            self.pending.append(_Pending(message, grammar))
+            self.pending.append(
+                PendingRequest(
+                    message.request_id,
+                    message.params,
+                    message.options,
+                    prompt_token_ids=message.prompt_token_ids,
+                    chat=message.chat,
+                    grammar=grammar,
+                    resume_token_ids=message.resume_token_ids,
+                )
+            )
         elif isinstance(message, channel.AbortRequest):
             self.aborts.add(message.request_id)
         elif isinstance(message, channel.Shutdown):
@@ -140,35 +138,12 @@ class CoreLoop:
 
     def _step(self) -> None:
         core = self.core
-        deltas: list[RequestDelta] = []
-        failed: list[channel.RequestFailed] = []
-        ready = [p for p in self.pending if p.ready or p.add.request_id in self.aborts]
+        ready = [p for p in self.pending if p.ready or p.request_id in self.aborts]
         if ready:
             # Identity, not readiness again: a grammar may finish between the two lines.
             self.pending = [p for p in self.pending if p not in ready]
-        aborts, self.aborts = self.aborts, set()
-        for pending in ready:
-            add = pending.add
-            if add.request_id in aborts:
-                aborts.discard(add.request_id)
-                deltas.append(_abort_delta(add.request_id))
-                continue
-            try:
-                grammar = pending.grammar.result() if pending.grammar is not None else None
-                core.add_request(
-                    add.request_id,
-                    add.prompt_token_ids,
-                    add.params,
-                    add.options,
-                    grammar,
-                    chat=add.chat,
-                    resume_token_ids=add.resume_token_ids,
-                )
-            except ValueError as exc:
-                kind = "rejected" if isinstance(exc, RequestRejected) else "invalid"
-                failed.append(channel.RequestFailed(add.request_id, str(exc), kind))
-        for request_id in aborts:
-            deltas.extend(core.abort(request_id))
+        deltas, errors = apply(core, ready, self.aborts)
+        failed = [channel.RequestFailed(rid, str(exc), _kind(exc)) for rid, exc in errors]
         try:
             if core.has_unfinished():
                 deltas.extend(core.step())
@@ -192,7 +167,7 @@ class CoreLoop:
     def _close(self) -> None:
         """Abort what is left (the worker gets each request's final delta), then flush."""
         deltas = [d for r in self.core.live_request_ids() for d in self.core.abort(r)]
-        deltas += [_abort_delta(p.add.request_id) for p in self.pending]
+        deltas += [abort_delta(p.request_id) for p in self.pending]
         self._send(channel.StepOutput(deltas, [], self.core.stats(), self.added))
         self.outbox.put(None)
         self._writer.join(timeout=5.0)
@@ -215,5 +190,5 @@ class CoreLoop:
                 return
 
 
-def _abort_delta(request_id: str) -> RequestDelta:
-    return RequestDelta(request_id, finish_reason="abort", usage=Usage(0, 0, 0), done=True)
+def _kind(exc: ValueError) -> str:
+    return "rejected" if isinstance(exc, RequestRejected) else "invalid"
