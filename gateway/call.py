@@ -1,43 +1,35 @@
-"""One request's lifecycle, shared by every inbound API: admit, route, relay, settle, bill, trace.
+"""One admitted request, from admission to settlement, shared by every inbound API.
 
-The ``authenticate`` guard finds the key (in-process cache, no database once cached) before the
-body is read. A controller turns its body into a canonical ``ChatRequest`` and calls ``admit``:
-the model is resolved, the deployments asked whether they can honour the request, every limit
-of the key booked in one Redis call. ``Call.complete`` / ``Call.stream`` then ask the router
-(which falls back between deployments before the first token) and answer through the
-controller's ``Renderer`` — the only part that knows the inbound API's wire shape.
-``Call.finish`` settles the reservation with the real token counts and appends the usage event
-in one pipelined round trip. It runs for every admitted request, whether it succeeded, failed
-or was cancelled by the client (then only delivered tokens are billed).
+A controller turns its body into a canonical ``ChatRequest`` and calls ``admit``
+(``gateway.admission``), which books the key's limits and returns a ``Call`` owning the
+reservation. ``Call.complete`` / ``count`` / ``embed`` ask the router (which falls back between
+deployments before the first token) for a whole answer; ``gateway.call_stream`` relays a
+streamed one. Both answer through the controller's ``Renderer`` — the only part that knows the
+inbound API's wire shape. ``chunk_received`` keeps the call's progress (and its lease's) as
+chunks arrive. ``Call.finish`` settles the reservation with the real token counts and appends
+the usage event (``gateway.settle``). It runs for every admitted request, whether it
+succeeded, failed or was cancelled by the client (then only delivered tokens are billed).
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
-from litestar import Request, Response
-from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
-from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind
-from redis.exceptions import RedisError
+from litestar import Response
+from opentelemetry.trace import Span
 
-from engine.tracing import tracing_enabled
 from gateway.auth import ApiKeyRecord
 from gateway.canonical import ChatRequest, Chunk, Usage
 from gateway.canonical import Response as Answer
 from gateway.errors import (
     ContextLengthExceeded,
     InvalidRequest,
-    ModelNotFound,
     OpenAIError,
-    PermissionDenied,
     ServiceUnavailable,
     UpstreamError,
 )
@@ -47,25 +39,12 @@ from gateway.routing import Deployment, ModelRoute
 from gateway.schemas.wire import encode
 from gateway.services import Services
 from gateway.settle import settle
-from gateway.telemetry import (
-    ADDED_LATENCY,
-    child_context,
-    current_traceparent,
-    genai_request_attributes,
-    tracer,
-)
-
-logger = logging.getLogger(__name__)
+from gateway.telemetry import ADDED_LATENCY
 
 T = TypeVar("T")
 
 JSON = "application/json"
 DEPLOYMENT_HEADER = "x-sluicegate-deployment"
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-TEXT_COMPLETION_MAX_TOKENS = 16
-"""OpenAI's default ``max_tokens`` for text completions."""
-_TOKEN_OVERHEAD_PER_MESSAGE = 4
-"""Chat templates wrap every message in a few special tokens."""
 
 
 class Renderer(Protocol):
@@ -92,15 +71,6 @@ class Renderer(Protocol):
         ...
 
 
-def prompt_token_estimate(request: ChatRequest) -> int:
-    """Admission's guess of the prompt's tokens (chars / 3), before any tokenizer saw it."""
-    if request.messages is not None:
-        chars = sum(len(m.text()) for m in request.messages)
-        return math.ceil(chars / 3) + _TOKEN_OVERHEAD_PER_MESSAGE * len(request.messages)
-    prompt = request.prompt
-    return len(prompt) if isinstance(prompt, list) else math.ceil(len(prompt or "") / 3)
-
-
 def public_error(exc: ProviderError, param: str) -> OpenAIError:
     """A provider's failure as the client sees it; ``param`` names the prompt field."""
     if exc.code == "context_length_exceeded":
@@ -112,152 +82,11 @@ def public_error(exc: ProviderError, param: str) -> OpenAIError:
     return UpstreamError(exc.message)
 
 
-def _with_headers(exc: OpenAIError, headers: dict[str, str]) -> OpenAIError:
+def with_headers(exc: OpenAIError, headers: dict[str, str]) -> OpenAIError:
+    """``exc`` carrying the admission's limit headers (those it set itself win)."""
     for name, value in headers.items():
         exc.headers.setdefault(name, value)
     return exc
-
-
-_SERVES = {"chat": "chat or text completions", "embeddings": "embeddings"}
-
-
-def _refusal(route: ModelRoute, body: ChatRequest, mode: str) -> OpenAIError | None:
-    """Why no deployment of ``route`` can take ``body`` (the first one's reason), if so."""
-    first: ProviderError | None = None
-    serving = [d for d in route.deployments if d.mode == mode]
-    if not serving:
-        return ModelNotFound(
-            f"The model '{body.model}' has no deployment serving {_SERVES[mode]}.",
-            param="model",
-        )
-    for deployment in serving:
-        problem = deployment.provider.unsupported(body)
-        if problem is None:
-            return None
-        first = first or problem
-    assert first is not None
-    return InvalidRequest(first.message, param=first.param)
-
-
-async def admit(
-    request: Request[Any, Any, Any],
-    body: ChatRequest,
-    *,
-    operation: str,
-    id_prefix: str,
-    mode: str = "chat",
-) -> Call:
-    """Resolve, authorise and book ``body``; the returned call owns the reservation."""
-    services: Services = request.app.state.services
-    state = request.scope["state"]
-    key: ApiKeyRecord = state["api_key"]
-    request_id = state["request_id"]
-    # One span for auth + admission, begun when the guard began authenticating. Without
-    # tracing no span is made at all (even a no-op one costs a context and a propagation).
-    tracing = tracing_enabled()
-    parent = child_context(state.get("server_span"))
-    admission_span = (
-        tracer().start_span(
-            "gateway.auth_and_admission", context=parent, start_time=state["auth_started_ns"]
-        )
-        if tracing
-        else INVALID_SPAN
-    )
-    chat = body.messages is not None
-    try:
-        route = await services.router.resolve(body.model)
-        if route is None:
-            raise ModelNotFound(
-                f"The model '{body.model}' does not exist or you do not have access to it.",
-                param="model",
-            )
-        if not (key.allows_model(route.name) or key.allows_model(body.model)):
-            raise PermissionDenied(
-                f"This API key may not use the model '{body.model}'.", param="model"
-            )
-        refusal = _refusal(route, body, mode)
-        if refusal is not None:
-            raise refusal
-        if mode == "embeddings":
-            max_tokens = 0
-        else:
-            # Without a cap from the client, reserve the default cap; settling corrects it.
-            max_tokens = body.sampling.max_tokens or (
-                services.settings.default_max_tokens if chat else TEXT_COMPLETION_MAX_TOKENS
-            )
-        prompt_estimate = prompt_token_estimate(body)
-        try:
-            leases, draft = services.leases, None
-            if leases is not None:
-                # The admission script stores the lease (gateway.leases): no round trip of its own.
-                draft = await leases.draft(
-                    key,
-                    model=body.model,
-                    prompt_estimate=prompt_estimate,
-                    started_at=time.time() - (time.perf_counter() - state["started"]),
-                )
-            admission = await services.limiter.admit(
-                key,
-                request_id,
-                prompt_estimate + max_tokens * body.sampling.n,
-                model=route.name,
-                prompt_tokens=prompt_estimate,
-                lease=draft,
-            )
-            if leases is not None and draft is not None:
-                await leases.opened(draft, admission)
-        except RedisError as exc:
-            raise ServiceUnavailable(
-                "Rate limiting is unavailable (Redis unreachable); try again shortly."
-            ) from exc
-        if admission_span.is_recording():
-            admission_span.set_attribute("sluicegate.key_id", key.id)
-    except OpenAIError as exc:
-        if admission_span.is_recording():
-            admission_span.set_attribute("error.type", exc.code or exc.error_type)
-        raise
-    finally:
-        admission_span.end()
-
-    span = (
-        tracer().start_span(f"{operation} {route.name}", context=parent, kind=SpanKind.CLIENT)
-        if tracing
-        else INVALID_SPAN
-    )
-    if span.is_recording():
-        temperature = body.sampling.temperature
-        span.set_attributes(
-            genai_request_attributes(
-                operation,
-                "sluicegate",
-                route.name,
-                max_tokens,
-                1.0 if temperature is None else temperature,
-            )
-        )
-        if services.settings.otel_capture_content:
-            content = body.messages if chat else body.prompt
-            span.set_attribute("gen_ai.input.messages", encode(content).decode())
-    if tracing:
-        with trace.use_span(span, end_on_exit=False):
-            body.traceparent = current_traceparent()
-    body.request_id = request_id
-    body.deadline = time.time() + services.settings.request_timeout_s
-    return Call(
-        services=services,
-        key=key,
-        route=route,
-        request=body,
-        admission=admission,
-        request_id=request_id,
-        response_id=id_prefix + request_id,
-        created=int(time.time()),
-        public_model=body.model,
-        prompt_estimate=prompt_estimate,
-        prompt_param="input" if mode == "embeddings" else "messages" if chat else "prompt",
-        started=state["started"],
-        span=span,
-    )
 
 
 @dataclass(slots=True)
@@ -336,11 +165,11 @@ class Call:
             self.status = "error"
             await self.finish()
             error = public_error(exc, self.prompt_param)
-            raise _with_headers(error, self.admission.headers) from None
+            raise with_headers(error, self.admission.headers) from None
         except OpenAIError as exc:
             self.status = "error"
             await self.finish()
-            raise _with_headers(exc, self.admission.headers) from None
+            raise with_headers(exc, self.admission.headers) from None
         except BaseException:
             self.status = "cancelled"
             await self.finish_shielded()
@@ -355,7 +184,7 @@ class Call:
         ADDED_LATENCY.observe(
             (self.generation_started - self.started) + (time.perf_counter() - generated)
         )
-        return Response(content, status_code=200, media_type=JSON, headers=self._headers())
+        return Response(content, status_code=200, media_type=JSON, headers=self.response_headers())
 
     async def complete(self, renderer: Renderer) -> Response[bytes]:
         answer = await self._answer(self.services.router.complete(self.route, self.request))
@@ -365,7 +194,6 @@ class Call:
         self.usage = answer.usage or Usage(
             self.prompt_estimate, answer.num_tokens or math.ceil(len(answer.text()) / 3)
         )
-        self.status = "ok"
         return await self._respond(await self._render(lambda: renderer.whole(self, answer)))
 
     async def count(self) -> int:
@@ -401,102 +229,11 @@ class Call:
             await self.finish()
             raise
 
-    async def stream(self, renderer: Renderer) -> Stream:
-        services = self.services
-        self.generation_started = time.perf_counter()
-        generation = services.router.stream(self.route, self.request)
-        chunks = aiter(generation)
-        try:
-            # The first chunk is awaited before answering, so failing to start is an HTTP
-            # error (with fallback inside the router), not a 200 with an error event.
-            first = await anext(chunks)
-        except ProviderError as exc:
-            self.deployment = generation.deployment
-            self.status = "error"
-            await generation.aclose()
-            await self.finish()
-            error = public_error(exc, self.prompt_param)
-            raise _with_headers(error, self.admission.headers) from None
-        except (OpenAIError, StopAsyncIteration) as exc:
-            self.status = "error"
-            await generation.aclose()
-            await self.finish()
-            if isinstance(exc, OpenAIError):
-                raise _with_headers(exc, self.admission.headers) from None
-            raise _with_headers(
-                UpstreamError("The deployment ended the stream without an answer."),
-                self.admission.headers,
-            ) from None
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await generation.aclose()
-            await self.finish_shielded()
-            raise
-        self.deployment = generation.deployment
-        self.chunk_received(first)
-        ADDED_LATENCY.observe(self.generation_started - self.started)
-        events = self._events(renderer, chunks, first)
-
-        async def close() -> None:
-            # Runs after the response, also when the client went away: closing the generators
-            # cancels the upstream call; finish bills what was delivered.
-            await events.aclose()
-            await generation.aclose()
-            await self.finish()
-
-        return Stream(
-            events,
-            media_type="text/event-stream",
-            headers={**SSE_HEADERS, **self._headers()},
-            background=BackgroundTask(close),
-        )
-
-    def _headers(self) -> dict[str, str]:
+    def response_headers(self) -> dict[str, str]:
         """The limit headers, and the deployment that served (names, never addresses)."""
         if self.deployment is None:
             return self.admission.headers
         return {**self.admission.headers, DEPLOYMENT_HEADER: self.deployment.name}
-
-    async def _events(
-        self, renderer: Renderer, chunks: AsyncIterator[Chunk], first: Chunk
-    ) -> AsyncIterator[bytes]:
-        """The stream's bytes; cancelled mid-way when the client disconnects (``finish``
-        bills that). Rendering is inside the guard too: whatever fails, the client gets its
-        API's error event and the stream ends normally, so ``close`` settles it."""
-        chunk: Chunk | None = first
-        try:
-            opening = renderer.opening(self, first)
-            if opening:
-                yield opening
-            while chunk is not None:
-                data = renderer.chunk(self, chunk)
-                if data:
-                    yield data
-                chunk = await anext(chunks, None)
-                if chunk is not None:
-                    self.chunk_received(chunk)
-            self.status = "ok"
-            self.finish_reason = self.finish_reason or "stop"
-            if self.usage is None:
-                self.usage = Usage(
-                    self.prompt_tokens or self.prompt_estimate, self.delivered_tokens
-                )
-            closing = renderer.closing(self)
-        except ProviderError as exc:
-            self.status = "error"
-            if exc.usage is not None:
-                self.usage = exc.usage
-            yield renderer.error(self, public_error(exc, self.prompt_param))
-            return
-        except Exception:
-            # Whatever broke, the client gets its API's error event and the request is settled.
-            logger.exception("stream %s failed", self.request_id)
-            self.status = "error"
-            failure = UpstreamError("The server had an error while streaming the response.")
-            failure.error_type = "server_error"
-            yield renderer.error(self, failure)
-            return
-        yield closing
 
     # ---- settling --------------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from gateway.telemetry import genai_response_attributes, model_metrics
+from gateway.call_spans import record_outcome
+from gateway.telemetry import model_metrics
 from gateway.usage import UsageEvent
 
 if TYPE_CHECKING:
@@ -88,20 +89,7 @@ async def settle(call: Call) -> None:
     if ttft_ms is not None:
         metrics.time_to_first_token.observe(ttft_ms / 1000)
     if call.span.is_recording():
-        call.span.set_attributes(
-            genai_response_attributes(
-                call.response_id,
-                call.finish_reason,
-                usage.prompt_tokens,
-                usage.completion_tokens,
-            )
-        )
-        if call.deployment is not None:
-            # Known only now: the deployment that served ("openai" for HTTP upstreams).
-            provider = "openai" if call.deployment.kind == "openai" else "sluicegate"
-            call.span.set_attribute("gen_ai.provider.name", provider)
-        if call.status != "ok":
-            call.span.set_attribute("error.type", call.status)
+        record_outcome(call, usage)
     call.span.end()
 
 

@@ -1,8 +1,9 @@
 """``POST /v1/messages`` and ``/v1/messages/count_tokens``: Anthropic's Messages API in.
 
 The controller translates Anthropic's body into the canonical request (translate/
-anthropic_in.py), runs the shared lifecycle (``gateway.call``: keys, limits, routing, usage,
-traces) and renders the canonical answer as Anthropic's message or stream of events.
+anthropic_in.py), runs the shared lifecycle (``gateway.admission`` and ``gateway.call``: keys,
+limits, routing, usage, traces) and renders the canonical answer as Anthropic's message or
+stream of events.
 Authentication takes ``x-api-key`` or ``Authorization: Bearer``; ``anthropic-version`` and
 ``anthropic-beta`` headers are accepted (the wire format here is the current version's).
 Errors come in Anthropic's shape via the controller's own exception handlers.
@@ -15,9 +16,11 @@ from typing import Any
 import msgspec
 from litestar import Controller, Request, Response, post
 
+from gateway.admission import admit
 from gateway.api.anthropic_errors import ANTHROPIC_EXCEPTION_HANDLERS, anthropic_error
 from gateway.api.anthropic_thinking import ThinkingSigner, signer_for
-from gateway.call import DEPLOYMENT_HEADER, Call, admit
+from gateway.call import DEPLOYMENT_HEADER, Call
+from gateway.call_stream import stream
 from gateway.canonical import Chunk
 from gateway.canonical import Response as Answer
 from gateway.errors import OpenAIError
@@ -72,7 +75,7 @@ class MessagesController(Controller):
         body = canonical(data)
         call = await admit(request, body, operation="chat", id_prefix="msg_")
         renderer = MessagesRenderer(signer)
-        response = await (call.stream(renderer) if body.stream else call.complete(renderer))
+        response = await (stream(call, renderer) if body.stream else call.complete(renderer))
         return response
 
     @post("/count_tokens", status_code=200, summary="Count a message's input tokens")

@@ -8,8 +8,8 @@ from typing import Any
 
 from litestar import Controller, Request, Response, post
 
+from gateway.admission import admit
 from gateway.api.openapi_body import body_operation
-from gateway.call import admit
 from gateway.schemas.embeddings import EmbeddingRequest
 from gateway.schemas.wire import decode_body
 from gateway.services import authenticate

@@ -15,7 +15,9 @@ from typing import Any
 
 from litestar import Request, Response
 
-from gateway.call import Call, Renderer, admit
+from gateway.admission import admit
+from gateway.call import Call, Renderer
+from gateway.call_stream import stream
 from gateway.canonical import ChatRequest, Chunk, Usage
 from gateway.canonical import Response as Answer
 from gateway.errors import OpenAIError
@@ -33,7 +35,7 @@ async def reply(
     """Admit the parsed request and answer it: a stream of events or one JSON body."""
     call = await admit(request, body, operation=operation, id_prefix=id_prefix)
     if body.stream:
-        return await call.stream(renderer)
+        return await stream(call, renderer)
     return await call.complete(renderer)
 
 

@@ -1,8 +1,9 @@
 """``POST /v1/responses``: OpenAI's Responses API in, stateless.
 
 The body becomes a canonical request (translate/responses_in.py), runs the shared lifecycle
-(``gateway.call``) and comes back as a ``response`` object or the Responses event stream
-(translate/responses_reply.py). Errors keep OpenAI's shape (the app's handlers).
+(``gateway.admission`` and ``gateway.call``) and comes back as a ``response`` object or the
+Responses event stream (translate/responses_reply.py). Errors keep OpenAI's shape (the app's
+handlers).
 """
 
 from __future__ import annotations

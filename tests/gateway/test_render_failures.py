@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from gateway.api.openai_chat import ChatRenderer
 from gateway.auth import ApiKeyRecord
 from gateway.call import Call
+from gateway.call_stream import stream
 from gateway.canonical import ChatRequest, Chunk, Message, TextPart
 from gateway.canonical import Response as Answer
 from gateway.limits import RateLimiter
@@ -164,7 +165,7 @@ async def test_a_stream_whose_renderer_fails_ends_with_an_error_event_and_is_set
     gateway: Gateway, step: str
 ) -> None:
     call = await gateway.call(stream=True)
-    response = await call.stream(Broken(step))
+    response = await stream(call, Broken(step))
     body = await serve(response)
     assert b"server_error" in body
     assert call.finished and call.status == "error"

@@ -1,0 +1,175 @@
+"""Admission: from a controller's canonical ``ChatRequest`` to an admitted ``Call``.
+
+The ``authenticate`` guard found the key (in-process cache, no database once cached) before
+the body was read. ``admit`` resolves the model, checks the key may use it, asks the
+deployments whether they can honour the request, drafts the request's lease (``gateway.leases``)
+and books every limit of the key in one Redis call, which also stores that lease. The returned
+``Call`` owns the reservation from then on: it settles it, whatever the request's end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from litestar import Request
+from opentelemetry.trace import INVALID_SPAN
+from redis.exceptions import RedisError
+
+from engine.tracing import tracing_enabled
+from gateway.auth import ApiKeyRecord
+from gateway.call import Call
+from gateway.call_spans import start_admission_span, start_generation_span
+from gateway.canonical import ChatRequest
+from gateway.errors import (
+    InvalidRequest,
+    ModelNotFound,
+    OpenAIError,
+    PermissionDenied,
+    ServiceUnavailable,
+)
+from gateway.providers.base import ProviderError
+from gateway.routing import ModelRoute
+from gateway.services import Services
+from gateway.telemetry import child_context
+
+TEXT_COMPLETION_MAX_TOKENS = 16
+"""OpenAI's default ``max_tokens`` for text completions."""
+_TOKEN_OVERHEAD_PER_MESSAGE = 4
+"""Chat templates wrap every message in a few special tokens."""
+_SERVES = {"chat": "chat or text completions", "embeddings": "embeddings"}
+
+
+def prompt_token_estimate(request: ChatRequest) -> int:
+    """Admission's guess of the prompt's tokens (chars / 3), before any tokenizer saw it."""
+    if request.messages is not None:
+        chars = sum(len(m.text()) for m in request.messages)
+        return math.ceil(chars / 3) + _TOKEN_OVERHEAD_PER_MESSAGE * len(request.messages)
+    prompt = request.prompt
+    return len(prompt) if isinstance(prompt, list) else math.ceil(len(prompt or "") / 3)
+
+
+def _refusal(route: ModelRoute, body: ChatRequest, mode: str) -> OpenAIError | None:
+    """Why no deployment of ``route`` can take ``body`` (the first one's reason), if so."""
+    first: ProviderError | None = None
+    serving = [d for d in route.deployments if d.mode == mode]
+    if not serving:
+        return ModelNotFound(
+            f"The model '{body.model}' has no deployment serving {_SERVES[mode]}.",
+            param="model",
+        )
+    for deployment in serving:
+        problem = deployment.provider.unsupported(body)
+        if problem is None:
+            return None
+        first = first or problem
+    assert first is not None
+    return InvalidRequest(first.message, param=first.param)
+
+
+async def admit(
+    request: Request[Any, Any, Any],
+    body: ChatRequest,
+    *,
+    operation: str,
+    id_prefix: str,
+    mode: str = "chat",
+) -> Call:
+    """Resolve, authorise and book ``body``; the returned call owns the reservation."""
+    services: Services = request.app.state.services
+    state = request.scope["state"]
+    key: ApiKeyRecord = state["api_key"]
+    request_id = state["request_id"]
+    # One span for auth + admission, begun when the guard began authenticating. Without
+    # tracing no span is made at all (even a no-op one costs a context and a propagation).
+    tracing = tracing_enabled()
+    parent = child_context(state.get("server_span"))
+    admission_span = (
+        start_admission_span(parent, state["auth_started_ns"]) if tracing else INVALID_SPAN
+    )
+    chat = body.messages is not None
+    try:
+        route = await services.router.resolve(body.model)
+        if route is None:
+            raise ModelNotFound(
+                f"The model '{body.model}' does not exist or you do not have access to it.",
+                param="model",
+            )
+        if not (key.allows_model(route.name) or key.allows_model(body.model)):
+            raise PermissionDenied(
+                f"This API key may not use the model '{body.model}'.", param="model"
+            )
+        refusal = _refusal(route, body, mode)
+        if refusal is not None:
+            raise refusal
+        if mode == "embeddings":
+            max_tokens = 0
+        else:
+            # Without a cap from the client, reserve the default cap; settling corrects it.
+            max_tokens = body.sampling.max_tokens or (
+                services.settings.default_max_tokens if chat else TEXT_COMPLETION_MAX_TOKENS
+            )
+        prompt_estimate = prompt_token_estimate(body)
+        try:
+            leases, draft = services.leases, None
+            if leases is not None:
+                # The admission script stores the lease (gateway.leases): no round trip of its own.
+                draft = await leases.draft(
+                    key,
+                    model=body.model,
+                    prompt_estimate=prompt_estimate,
+                    started_at=time.time() - (time.perf_counter() - state["started"]),
+                )
+            admission = await services.limiter.admit(
+                key,
+                request_id,
+                prompt_estimate + max_tokens * body.sampling.n,
+                model=route.name,
+                prompt_tokens=prompt_estimate,
+                lease=draft,
+            )
+            if leases is not None and draft is not None:
+                await leases.opened(draft, admission)
+        except RedisError as exc:
+            raise ServiceUnavailable(
+                "Rate limiting is unavailable (Redis unreachable); try again shortly."
+            ) from exc
+        if admission_span.is_recording():
+            admission_span.set_attribute("sluicegate.key_id", key.id)
+    except OpenAIError as exc:
+        if admission_span.is_recording():
+            admission_span.set_attribute("error.type", exc.code or exc.error_type)
+        raise
+    finally:
+        admission_span.end()
+
+    span = (
+        start_generation_span(
+            parent,
+            body,
+            operation=operation,
+            model=route.name,
+            max_tokens=max_tokens,
+            capture_content=services.settings.otel_capture_content,
+        )
+        if tracing
+        else INVALID_SPAN
+    )
+    body.request_id = request_id
+    body.deadline = time.time() + services.settings.request_timeout_s
+    return Call(
+        services=services,
+        key=key,
+        route=route,
+        request=body,
+        admission=admission,
+        request_id=request_id,
+        response_id=id_prefix + request_id,
+        created=int(time.time()),
+        public_model=body.model,
+        prompt_estimate=prompt_estimate,
+        prompt_param="input" if mode == "embeddings" else "messages" if chat else "prompt",
+        started=state["started"],
+        span=span,
+    )
