@@ -107,8 +107,15 @@ class CoreClient:
             pass  # the core is gone; reading its outputs reports it
 
     def _readable(self) -> None:
+        # One step's output per callback: when the core runs ahead, the worker's other
+        # tasks (pulling new requests, writing replies) still get their turn in between.
+        self._read(limit=1)
+
+    def _read(self, limit: int | None) -> None:
         try:
-            while self._outputs.poll():
+            while (limit is None or limit > 0) and self._outputs.poll():
+                if limit is not None:
+                    limit -= 1
                 message = channel.from_core.decode(self._outputs.recv_bytes())
                 if isinstance(message, channel.StepOutput):
                     self.on_output(message)
@@ -141,6 +148,6 @@ class CoreClient:
             logger.warning("the engine core did not stop in %gs; killing it", timeout_s)
             self.process.kill()
             await loop.run_in_executor(None, self.process.join, 5.0)
-        self._readable()  # what it sent last; ends in EOF, which removes the reader
+        self._read(limit=None)  # what it sent last; ends in EOF, which removes the reader
         self._commands.close()
         self._outputs.close()
