@@ -112,7 +112,7 @@ def make_hf_model(config: Any, device: torch.device, dtype: torch.dtype) -> Any:
 def engine_from_memory(folder: Path, hf_model: Any, options: dict[str, Any]) -> Any:
     """An ``LLM`` whose weights are copied from ``hf_model`` (device to device) instead of
     read from safetensors files, which for 16 GB would dominate the run."""
-    import engine.engine_core as engine_core
+    import engine.engine_build as engine_build
     from engine import LLM
     from engine.models.loader import ModelConfig, model_class, resolve_dtype
 
@@ -127,12 +127,12 @@ def engine_from_memory(folder: Path, hf_model: Any, options: dict[str, Any]) -> 
         model.load_weights(hf_model.state_dict().items())
         return model.eval()
 
-    original = engine_core.load_model
-    engine_core.load_model = load_from_memory
+    original = engine_build.load_model
+    engine_build.load_model = load_from_memory
     try:
         return LLM(str(folder), **options)
     finally:
-        engine_core.load_model = original
+        engine_build.load_model = original
 
 
 def copy_bandwidth_gbps(device: torch.device, nbytes: int) -> float:

@@ -19,9 +19,11 @@ from typing import Any
 from engine import core_channel, protocol
 from engine.core_client import CoreClient
 from engine.core_steps import PendingRequest, abort_all, abort_delta, apply
-from engine.engine_core import EngineCore, EngineOptions, RequestDelta
+from engine.engine_core import EngineCore
+from engine.engine_options import EngineOptions
 from engine.logprobs import wire_logprobs
 from engine.prompts import prompt_ids
+from engine.request_delta import RequestDelta
 from engine.request_options import RequestOptions
 from engine.sampler import TokenLogprobs
 from engine.sampling import SamplingParams

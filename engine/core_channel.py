@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from engine.engine_core import RequestDelta
+from engine.request_delta import RequestDelta
 from engine.request_options import RequestOptions
 from engine.sampling import SamplingParams
 

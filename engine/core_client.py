@@ -15,7 +15,7 @@ from pathlib import Path
 
 from engine import core_channel as channel
 from engine.core_process import run_core
-from engine.engine_core import EngineOptions
+from engine.engine_options import EngineOptions
 from engine.request_options import RequestOptions
 from engine.sampling import SamplingParams
 

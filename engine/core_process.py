@@ -24,7 +24,8 @@ from typing import Any
 
 from engine import core_channel as channel
 from engine.core_steps import PendingRequest, abort_delta, apply
-from engine.engine_core import EngineCore, EngineOptions
+from engine.engine_core import EngineCore
+from engine.engine_options import EngineOptions
 from engine.scheduler import RequestRejected
 
 logger = logging.getLogger("sluicegate.core")

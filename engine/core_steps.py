@@ -7,8 +7,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from engine.engine_core import EngineCore, RequestDelta
+from engine.engine_core import EngineCore
 from engine.protocol import Usage
+from engine.request_delta import RequestDelta
 from engine.request_options import RequestOptions
 from engine.sampling import SamplingParams
 

@@ -5,25 +5,23 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.choice_output import ChoiceText
 from engine.choices import Choice, RequestGroup
 from engine.config import SchedulerConfig
+from engine.engine_build import build_runner, context_length, load_engine_model
+from engine.engine_options import EngineOptions, resolve_device
 from engine.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from engine.guided import TokenBitmask
 from engine.input_batch import StepArrays
-from engine.model_runner import ModelRunner
-from engine.models import load_model
-from engine.models.llama import LlamaForCausalLM
-from engine.models.onednn import can_use_onednn, use_onednn_linears
 from engine.prompts import prompt_ids
-from engine.protocol import ToolCallDelta, Usage
+from engine.protocol import Usage
 from engine.reasoning import template_has_reasoning
+from engine.request_delta import RequestDelta, RequestTimings, fill_text
 from engine.request_options import RequestOptions
 from engine.sampler import BatchRows, SampledBatch, Sampler, TokenLogprobs, derived_seed
 from engine.sampling import SamplingParams
@@ -33,87 +31,6 @@ from engine.tokenizer import Tokenizer
 from engine.tools import detect_tool_parser, make_tool_parser
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True)
-class EngineOptions:
-    """How one engine is built. KV cache size: ``num_kv_blocks`` if given; else on CUDA
-    ``gpu_memory_utilization`` x total memory less weights and peak activations; else on CPU
-    ``kv_cache_memory`` bytes (default 1 GiB). ``max_model_len`` defaults to the model's
-    ``max_position_embeddings``; ``attention_backend`` is "triton" or "torch" (default by
-    device, or ``SLUICEGATE_ATTENTION_BACKEND``); ``seed`` seeds unseeded sampling."""
-
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    max_waiting: int | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    attention_backend: str | None = None
-    seed: int | None = None
-    # CPU only: torch intra-op threads for the process; None keeps torch's default (every
-    # core). On a machine shared with other busy processes, 1 can be far faster: each op
-    # splits its work evenly, so a thread that is not scheduled stalls the whole op.
-    num_threads: int | None = None
-    # CPU float32 only: run the linears through oneDNN (see engine.models.onednn).
-    onednn_linears: bool = True
-    # "native" (our own Llama/Mistral/Qwen2/Qwen3 code), "transformers" (the checkpoint's
-    # transformers class on our paged attention), or "auto": native where there is one.
-    model_impl: str = "auto"
-    # Tool-call format ("hermes", "llama3_json"); None detects it from the chat template.
-    tool_parser: str | None = None
-    # On CUDA the forward is compiled (torch.compile) and decode steps replay CUDA graphs,
-    # both prepared at start-up; True runs plain eager PyTorch instead.
-    enforce_eager: bool = False
-    # On CPU, torch.compile of the forward too. Off by default: on this project's CPUs it
-    # measured slower than eager with oneDNN linears (bench/engine_throughput.py
-    # --cpu-compile: 0.93x), and it adds a minute or more of start-up.
-    cpu_compile: bool = False
-    # Schedule and prepare step N+1 while step N runs on the device (its host-side output
-    # work overlaps step N+1 in turn). None: on CUDA only, where the device runs ahead of
-    # the host; on CPU the same path runs, correct but no faster (the forward is blocking).
-    async_scheduling: bool | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTimings:
-    """A request's phases in ``time.monotonic()`` seconds; None for a phase never reached."""
-
-    arrival: float
-    first_scheduled: float | None
-    first_token: float | None
-    finished: float
-    num_preemptions: int
-
-
-@dataclass
-class RequestDelta:
-    """What one step added to one request. The last delta has ``finish_reason``, ``usage``
-    and ``timings``; every delta names the prompt's length, so a request cut short (client
-    gone, worker draining) is billed its real prompt tokens rather than an estimate."""
-
-    request_id: str
-    num_prompt_tokens: int = 0
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprobs] = field(default_factory=list)
-    finish_reason: str | None = None
-    """This choice ended ("stop", "length", "abort" or "tool_calls")."""
-    usage: Usage | None = None
-    """On a choice's last delta: the prompt once plus every choice's tokens so far."""
-    timings: RequestTimings | None = None
-    index: int = 0
-    reasoning_text: str = ""
-    tool_calls: list[ToolCallDelta] = field(default_factory=list)
-    done: bool = False
-    """The request's last delta: every choice has finished."""
-    stop_sequence: str | None = None
-    """The client's stop string that ended this choice."""
 
 
 @dataclass
@@ -127,12 +44,6 @@ class _Launched:
     forked: bool
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class EngineCore:
     def __init__(self, model: str | Path, options: EngineOptions | None = None) -> None:
         options = options or EngineOptions()
@@ -141,38 +52,10 @@ class EngineCore:
         if self.device.type == "cpu" and options.num_threads:
             torch.set_num_threads(options.num_threads)
         self.tokenizer = Tokenizer(model)
-        self.model = load_model(model, self.device, options.dtype, options.model_impl)
-        # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
-        compiling = options.cpu_compile and not options.enforce_eager
-        if options.onednn_linears and not compiling and can_use_onednn(self.model):
-            use_onednn_linears(self.model)
+        self.model = load_engine_model(model, self.device, options)
         config = self.model.config
-        max_model_len = options.max_model_len or config.max_position_embeddings
-        if config.sliding_window and max_model_len > config.sliding_window:
-            logger.warning(
-                "context length capped at the model's sliding window of %d tokens",
-                config.sliding_window,
-            )
-            max_model_len = config.sliding_window
-        # The native models only: the transformers backend reads sequence lengths on the
-        # host inside its forward, which neither a CUDA graph nor Dynamo can hold.
-        compilable = isinstance(self.model, LlamaForCausalLM)
-        self.runner = ModelRunner(
-            self.model,
-            self.device,
-            block_size=options.block_size,
-            max_num_seqs=options.max_num_seqs,
-            max_num_batched_tokens=options.max_num_batched_tokens,
-            max_model_len=max_model_len,
-            num_kv_blocks=options.num_kv_blocks,
-            kv_cache_memory=options.kv_cache_memory,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            attention_backend=options.attention_backend,
-            compile_model=compilable
-            and not options.enforce_eager
-            and (self.device.type == "cuda" or options.cpu_compile),
-            cuda_graphs=compilable and not options.enforce_eager and self.device.type == "cuda",
-        )
+        max_model_len = context_length(self.model, options)
+        self.runner = build_runner(self.model, self.device, options, max_model_len)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_kv_blocks=self.runner.num_kv_blocks,
@@ -479,7 +362,7 @@ class EngineCore:
             done = True
         if done:
             return self._final_delta(request, delta, seq.finish_reason or "stop")
-        _fill_text(delta, request.route(detokenizer.pop_delta()))
+        fill_text(delta, request.route(detokenizer.pop_delta()))
         return delta
 
     def _final_delta(self, request: Choice, delta: RequestDelta, reason: str) -> RequestDelta:
@@ -488,7 +371,7 @@ class EngineCore:
         del self._requests[seq.request_id]
         self._num_guided -= request.guide is not None
         delta.index = request.index
-        _fill_text(delta, request.route(request.detokenizer.pop_delta(final=True), final=True))
+        fill_text(delta, request.route(request.detokenizer.pop_delta(final=True), final=True))
         if reason == "stop" and request.output is not None and request.output.num_tool_calls:
             reason = "tool_calls"
         delta.finish_reason = reason
@@ -521,9 +404,3 @@ class EngineCore:
         stats["num_generated_tokens"] = self.num_generated_tokens
         stats["thinking"] = self.reasoning
         return stats
-
-
-def _fill_text(delta: RequestDelta, text: ChoiceText) -> None:
-    delta.text = text.content
-    delta.reasoning_text = text.reasoning
-    delta.tool_calls = text.tool_calls

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.async_engine import AsyncEngine
-from engine.engine_core import EngineCore, EngineOptions, RequestDelta
+from engine.engine_core import EngineCore
+from engine.engine_options import EngineOptions
 from engine.protocol import ToolCall
+from engine.request_delta import RequestDelta
 from engine.request_options import RequestOptions
 from engine.sampler import TokenLogprobs
 from engine.sampling import SamplingParams
@@ -40,7 +42,7 @@ class LLM:
 
     Extra keyword options (``kv_cache_memory``, ``gpu_memory_utilization``, ``max_model_len``,
     ``max_waiting``, ``attention_backend``, ``seed``, ``num_threads``, ``onednn_linears``,
-    ``model_impl``) are those of ``engine.engine_core.EngineOptions``; ``model_impl`` is
+    ``model_impl``) are those of ``engine.engine_options.EngineOptions``; ``model_impl`` is
     "auto" (native code for Llama, Mistral, Qwen2, Qwen3, otherwise the checkpoint's
     transformers class on our paged attention), "native" or "transformers".
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from engine import protocol
-from engine.engine_core import RequestDelta
 from engine.metrics import WorkerMetrics
 from engine.prompt_count import count_reply
+from engine.request_delta import RequestDelta
 from engine.tracing import RequestTracer
 from engine.worker.options import WorkerOptions
 from engine.worker.replies import ReplyWriter, Write

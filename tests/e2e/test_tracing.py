@@ -291,8 +291,8 @@ def test_a_request_aborted_in_the_queue_has_only_a_queue_phase(
     span_exporter: InMemorySpanExporter,
 ) -> None:
     from engine import protocol
-    from engine.engine_core import RequestDelta, RequestTimings
     from engine.protocol import Usage
+    from engine.request_delta import RequestDelta, RequestTimings
     from engine.tracing import RequestTracer
 
     span_exporter.clear()
