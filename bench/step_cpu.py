@@ -37,7 +37,7 @@ from bench.engine_throughput import build_model  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 
 try:
-    from engine.sampler import SampledBatch
+    from engine.sampler_output import SampledBatch
 except ImportError:  # older engines
     SampledBatch = None  # type: ignore[assignment,misc]
 

@@ -25,7 +25,7 @@ from engine.logprobs import wire_logprobs
 from engine.prompts import prompt_ids
 from engine.request_delta import RequestDelta
 from engine.request_options import RequestOptions
-from engine.sampler import TokenLogprobs
+from engine.sampler_output import TokenLogprobs
 from engine.sampling import SamplingParams
 from engine.scheduler import RequestRejected
 from engine.tokenizer import Tokenizer

@@ -23,7 +23,9 @@ from engine.protocol import Usage
 from engine.reasoning import template_has_reasoning
 from engine.request_delta import RequestDelta, RequestTimings, fill_text
 from engine.request_options import RequestOptions
-from engine.sampler import BatchRows, SampledBatch, Sampler, TokenLogprobs, derived_seed
+from engine.sampler import Sampler
+from engine.sampler_output import SampledBatch, TokenLogprobs
+from engine.sampler_slots import BatchRows, derived_seed
 from engine.sampling import SamplingParams
 from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from engine.sequence import Sequence

@@ -15,7 +15,7 @@ from engine.engine_options import EngineOptions
 from engine.protocol import ToolCall
 from engine.request_delta import RequestDelta
 from engine.request_options import RequestOptions
-from engine.sampler import TokenLogprobs
+from engine.sampler_output import TokenLogprobs
 from engine.sampling import SamplingParams
 
 Prompt = str | list[int]

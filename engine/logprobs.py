@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import protocol
-from engine.sampler import TokenLogprobs
+from engine.sampler_output import TokenLogprobs
 from engine.tokenizer import Tokenizer
 
 

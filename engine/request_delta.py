@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.choice_output import ChoiceText
 from engine.protocol import ToolCallDelta, Usage
-from engine.sampler import TokenLogprobs
+from engine.sampler_output import TokenLogprobs
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -26,153 +24,8 @@ from engine.batched_sampling import (
     filtered_probs,
     sample_from_probs,
 )
-from engine.readback import PendingRead, start_read
-from engine.sampling import SamplingParams
-
-_SEED_MIX = 0x9E3779B97F4A7C15
-_SEED_MASK = (1 << 63) - 1
-
-
-class SampledSequence(Protocol):
-    """What the sampler reads from a sequence (``engine.sequence.Sequence`` satisfies it)."""
-
-    params: SamplingParams
-    token_ids: list[int]
-    num_prompt_tokens: int
-
-
-@dataclass
-class TokenLogprobs:
-    """Log-probability of the sampled token and of the ``n`` most likely alternatives."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class SamplerOutput:
-    token_ids: list[int]
-    logprobs: list[TokenLogprobs | None]
-
-
-class SampledBatch:
-    """A step's draws still on the device (``tokens``, for the next step's inputs), with
-    their one read to the host already queued; ``read()`` waits for it."""
-
-    def __init__(
-        self, tokens: torch.Tensor, packed: torch.Tensor | None, wanted: np.ndarray
-    ) -> None:
-        self.tokens = tokens
-        self._wanted = wanted
-        self._logprobs = packed is not None
-        self._read: PendingRead = start_read(tokens if packed is None else packed)
-
-    def read(self) -> SamplerOutput:
-        rows = self._read.result()
-        if not self._logprobs:
-            return SamplerOutput(rows, [None] * len(rows))
-        return _unpack_logprobs(rows, self._wanted)
-
-
-def derived_seed(seed: int, index: int) -> int:
-    """The seed of choice ``index`` of a request seeded with ``seed`` (choice 0 keeps it)."""
-    return seed if index == 0 else (seed + index * _SEED_MIX) & _SEED_MASK
-
-
-@dataclass(frozen=True)
-class BatchRows:
-    """Where a step's sampling sequences sit in the persistent batch: their rows, the rows'
-    generations (new when a row gets a new occupant) and the index in each sequence's
-    tokens of the token being sampled. The sampler keys its per-request state by row, so a
-    step needs no pass over its sequences: only rows with a new generation are read."""
-
-    rows: np.ndarray
-    generations: np.ndarray
-    positions: np.ndarray
-
-
-class _SlotParams:
-    """Each request the sampler serves gets a slot: its sampling settings as entries of host
-    arrays, so a step gathers a column per setting instead of reading objects per row.
-    Slots ``[0, reserved)`` are the persistent batch's rows (``BatchRows``); sequences given
-    without a row (forked choices' first draw, direct callers) get slots above, keyed by
-    identity and freed once their sequence has finished."""
-
-    _FIELDS = (
-        ("temperature", np.float32), ("top_k", np.int64), ("top_p", np.float32),
-        ("min_p", np.float32), ("seed", np.int64), ("seeded", bool), ("greedy", bool),
-        ("presence", np.float32), ("frequency", np.float32), ("repetition", np.float32),
-        ("penalized", bool), ("logprobs", np.int64), ("biased", bool),
-        ("prompt", np.int64), ("generation", np.int64),
-    )  # fmt: skip
-
-    def __init__(self, vocab: int, reserved: int = 0, capacity: int = 64) -> None:
-        self.vocab = vocab
-        capacity += reserved
-        self.columns = {name: np.zeros(capacity, dtype) for name, dtype in self._FIELDS}
-        self.bias: dict[int, tuple[list[int], list[float]]] = {}
-        self.seqs: dict[int, tuple[SampledSequence, int]] = {}
-        self.free: list[int] = list(range(capacity - 1, reserved - 1, -1))
-        # Each penalized request's row of the penalty counts (-1: none); rows of requests
-        # whose slot got a new occupant are handed back through ``released``.
-        self.penalty_row = np.full(capacity, -1, dtype=np.int64)
-        self.released: list[int] = []
-
-    @property
-    def capacity(self) -> int:
-        return len(self.columns["temperature"])
-
-    def slot_for(self, seq: SampledSequence, step: SequenceOf[SampledSequence]) -> tuple[int, bool]:
-        """The sequence's slot, and whether it was new (``step``: this step's sequences,
-        whose slots are never reclaimed under them)."""
-        entry = self.seqs.get(id(seq))
-        if entry is not None and entry[0] is seq:
-            return entry[1], False
-        if not self.free:
-            # Reclaimed only when needed, not every step: a pass over every slot.
-            self.release_finished({id(s) for s in step})
-        if not self.free:
-            self._grow()
-        slot = self.free.pop()
-        self.seqs[id(seq)] = (seq, slot)
-        self.load(slot, seq)
-        return slot, True
-
-    def load(self, slot: int, seq: SampledSequence) -> None:
-        """Write ``seq``'s settings into ``slot``."""
-        p, c = seq.params, self.columns
-        if self.penalty_row[slot] >= 0:
-            self.released.append(int(self.penalty_row[slot]))
-            self.penalty_row[slot] = -1
-        c["prompt"][slot] = seq.num_prompt_tokens
-        c["temperature"][slot] = 1.0 if p.greedy else p.temperature
-        c["top_k"][slot] = p.top_k if p.top_k > 0 else self.vocab
-        c["top_p"][slot], c["min_p"][slot] = p.top_p, p.min_p
-        c["seed"][slot] = (p.seed & _SEED_MASK) if p.seed is not None else 0
-        c["seeded"][slot], c["greedy"][slot] = p.seed is not None, p.greedy
-        c["presence"][slot], c["frequency"][slot] = p.presence_penalty, p.frequency_penalty
-        c["repetition"][slot], c["penalized"][slot] = p.repetition_penalty, p.has_penalties
-        c["logprobs"][slot] = -1 if p.logprobs is None else p.logprobs
-        c["biased"][slot] = bool(p.logit_bias)
-        self.bias.pop(slot, None)
-        if p.logit_bias:
-            self.bias[slot] = (list(p.logit_bias), list(p.logit_bias.values()))
-
-    def release_finished(self, keep: set[int]) -> None:
-        """Free the slots of finished sequences not in the current step."""
-        for key in self.seqs.keys() - keep:
-            seq, slot = self.seqs[key]
-            if getattr(seq, "is_finished", False):
-                del self.seqs[key]
-                self.free.append(slot)
-
-    def _grow(self) -> None:
-        old = self.capacity
-        for name, column in self.columns.items():
-            self.columns[name] = np.concatenate([column, np.zeros_like(column)])
-        self.penalty_row = np.concatenate([self.penalty_row, np.full(old, -1, dtype=np.int64)])
-        self.free.extend(range(2 * old - 1, old - 1, -1))
+from engine.sampler_output import SampledBatch, SamplerOutput, pack_logprobs
+from engine.sampler_slots import BatchRows, SampledSequence, SlotParams
 
 
 class Sampler:
@@ -185,7 +38,7 @@ class Sampler:
             self.generator.seed()
         else:
             self.generator.manual_seed(seed)
-        self._slots: _SlotParams | None = None
+        self._slots: SlotParams | None = None
         self._penalties: PenaltyCounts | None = None
         self._free_penalty_rows: list[int] = []
 
@@ -210,7 +63,7 @@ class Sampler:
         queued here and waited for by ``read()``."""
         vocab = logits.shape[1]
         if self._slots is None or self._slots.vocab != vocab:
-            self._slots, self._penalties = _SlotParams(vocab, self.max_rows), None
+            self._slots, self._penalties = SlotParams(vocab, self.max_rows), None
             self._free_penalty_rows = []
         slots_state = self._slots
         slots, joined, positions = self._slots_of(slots_state, seqs, batch_rows)
@@ -240,12 +93,12 @@ class Sampler:
             )
         if raw_logprobs is None:
             return SampledBatch(tokens, None, column["logprobs"])
-        return SampledBatch(tokens, _pack_logprobs(raw_logprobs, tokens, column["logprobs"]),
+        return SampledBatch(tokens, pack_logprobs(raw_logprobs, tokens, column["logprobs"]),
                             column["logprobs"])  # fmt: skip
 
     def _slots_of(
         self,
-        state: _SlotParams,
+        state: SlotParams,
         seqs: SequenceOf[SampledSequence],
         batch_rows: BatchRows | None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -385,30 +238,3 @@ class Sampler:
         if greedy_tokens is None:
             return sampled
         return greedy_tokens.index_copy(0, index, sampled)
-
-
-def _pack_logprobs(
-    raw_logprobs: torch.Tensor, tokens: torch.Tensor, wanted: np.ndarray
-) -> torch.Tensor:
-    """Tokens, each sampled token's logprob and every row's top alternatives, packed into
-    one tensor so the step reads the device once."""
-    k = int(np.amax(wanted))
-    parts = [tokens[:, None].double(), raw_logprobs.gather(1, tokens[:, None]).double()]
-    if k > 0:
-        values, indices = raw_logprobs.topk(k, dim=-1)
-        parts += [indices.double(), values.double()]
-    return torch.cat(parts, dim=1)
-
-
-def _unpack_logprobs(rows: list[list[float]], wanted: np.ndarray) -> SamplerOutput:
-    k = int(np.amax(wanted))
-    token_ids = [int(row[0]) for row in rows]
-    logprobs: list[TokenLogprobs | None] = []
-    for row, n in zip(rows, map(int, wanted), strict=True):
-        if n < 0:
-            logprobs.append(None)
-            continue
-        ids, values = row[2 : 2 + k], row[2 + k :]
-        top = [(int(ids[i]), values[i]) for i in range(n)]
-        logprobs.append(TokenLogprobs(int(row[0]), row[1], top))
-    return SamplerOutput(token_ids, logprobs)

@@ -16,6 +16,8 @@ STEP_PATH = [
     "engine/model_runner.py",
     "engine/input_batch.py",
     "engine/sampler.py",
+    "engine/sampler_slots.py",
+    "engine/sampler_output.py",
     "engine/batched_sampling.py",
     "engine/cuda_graphs.py",
     "engine/compilation.py",

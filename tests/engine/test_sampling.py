@@ -12,7 +12,8 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.batched_sampling import PenaltyCounts
-from engine.sampler import BatchRows, Sampler
+from engine.sampler import Sampler
+from engine.sampler_slots import BatchRows
 from engine.sequence import Sequence
 
 PROBS = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.03, 0.02])
