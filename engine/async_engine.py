@@ -19,6 +19,7 @@ from typing import Any
 from engine import core_channel, protocol
 from engine.core_client import CoreClient
 from engine.core_steps import PendingRequest, abort_all, abort_delta, apply
+from engine.delta_streams import DeltaStreams
 from engine.engine_core import EngineCore
 from engine.engine_options import EngineOptions
 from engine.logprobs import wire_logprobs
@@ -67,7 +68,7 @@ class AsyncEngine:
         self.accept_limit = accept_limit or self.options.max_waiting or 8
         self.core: EngineCore | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
-        self._streams: dict[str, asyncio.Queue[RequestDelta | BaseException]] = {}
+        self._streams = DeltaStreams(self.abort)
         self._pending: list[PendingRequest] = []
         self._aborts: set[str] = set()
         self._wake = asyncio.Event()
@@ -133,11 +134,12 @@ class AsyncEngine:
             core = self.core
             loop = asyncio.get_running_loop()
             deltas = await loop.run_in_executor(
-                self._executor, lambda: [d for r in list(self._streams) for d in core.abort(r)]
+                self._executor,
+                lambda: [d for r in self._streams.request_ids() for d in core.abort(r)],
             )
-            self._dispatch(deltas)
-        for request_id in list(self._streams):
-            self._dispatch([abort_delta(request_id)])
+            self._streams.dispatch(deltas)
+        for request_id in self._streams.request_ids():
+            self._streams.dispatch([abort_delta(request_id)])
         self._pending.clear()
         self._executor.shutdown(wait=True)
         if self.core is not None:
@@ -191,8 +193,7 @@ class AsyncEngine:
             grammar = self.core.grammars.submit(spec)
             loop = asyncio.get_running_loop()
             grammar.add_done_callback(lambda _: loop.call_soon_threadsafe(self._wake.set))
-        queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
-        self._streams[request_id] = queue
+        stream = self._streams.open(request_id)
         self._pending.append(
             PendingRequest(
                 request_id,
@@ -206,7 +207,7 @@ class AsyncEngine:
             )
         )
         self._wake.set()
-        return self._stream(request_id, queue)
+        return stream
 
     async def count_prompt_tokens(
         self,
@@ -251,10 +252,9 @@ class AsyncEngine:
         try:
             ids = self.prompt_ids(prompt, prompt_token_ids, messages, options)
         except ValueError as exc:
-            queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
-            self._streams[request_id] = queue
-            self._fail(request_id, exc)  # raised from the iterator, as in-process
-            return self._stream(request_id, queue)
+            stream = self._streams.open(request_id)
+            self._streams.fail(request_id, exc)  # raised from the iterator, as in-process
+            return stream
         return self._submit(
             client, request_id, ids, params, options, messages is not None, resume_token_ids
         )
@@ -286,43 +286,24 @@ class AsyncEngine:
         resume_token_ids: list[int] | None = None,
     ) -> AsyncIterator[RequestDelta]:
         """Send a tokenized request to the core process; its deltas stream back."""
-        queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
-        self._streams[request_id] = queue
+        stream = self._streams.open(request_id)
         self._in_transit += 1
         client.add(request_id, ids, params, options, chat=chat, resume_token_ids=resume_token_ids)
-        return self._stream(request_id, queue)
+        return stream
 
     def _on_output(self, output: core_channel.StepOutput) -> None:
         self._in_transit -= output.added
         self._stats = output.stats
         for failed in output.failed:
             error = _FAILURES.get(failed.kind, EngineStopped)
-            self._fail(failed.request_id, error(failed.message))
-        self._dispatch(output.deltas)
+            self._streams.fail(failed.request_id, error(failed.message))
+        self._streams.dispatch(output.deltas)
 
     def _on_core_exit(self, reason: str) -> None:
         self._stopping = True
-        for request_id in list(self._streams):
-            self._fail(request_id, EngineStopped(reason))
+        for request_id in self._streams.request_ids():
+            self._streams.fail(request_id, EngineStopped(reason))
         self.failed.set()
-
-    async def _stream(
-        self, request_id: str, queue: asyncio.Queue[RequestDelta | BaseException]
-    ) -> AsyncIterator[RequestDelta]:
-        finished = False
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.done
-                yield item
-                if finished:
-                    return
-        finally:
-            if not finished:
-                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         """End a request; its blocks are freed before the next step runs."""
@@ -380,12 +361,12 @@ class AsyncEngine:
             except Exception as exc:  # a failed step leaves no request in a known state
                 logger.exception("engine step failed; failing every request in flight")
                 await loop.run_in_executor(self._executor, abort_all, core)
-                for request_id in list(self._streams):
-                    self._fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
+                for request_id in self._streams.request_ids():
+                    self._streams.fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
                 continue
             for request_id, error in errors:
-                self._fail(request_id, error)
-            self._dispatch(deltas)
+                self._streams.fail(request_id, error)
+            self._streams.dispatch(deltas)
 
     def _abort_compiling(self) -> None:
         """Requests aborted while their grammar still compiles never reach the engine."""
@@ -393,7 +374,7 @@ class AsyncEngine:
         for request in aborted:
             self._pending.remove(request)
             self._aborts.discard(request.request_id)
-            self._dispatch([abort_delta(request.request_id)])
+            self._streams.dispatch([abort_delta(request.request_id)])
 
     def wire_logprobs(self, entries: list[TokenLogprobs]) -> list[protocol.TokenLogprob]:
         """Logprob entries with each token's text and bytes, as the wire protocol carries them."""
@@ -409,20 +390,6 @@ class AsyncEngine:
             deltas.extend(core.step())
         self._stats = core.stats()
         return deltas, errors
-
-    def _dispatch(self, deltas: list[RequestDelta]) -> None:
-        for delta in deltas:
-            queue = self._streams.get(delta.request_id)
-            if queue is None:
-                continue
-            queue.put_nowait(delta)
-            if delta.done:
-                del self._streams[delta.request_id]
-
-    def _fail(self, request_id: str, error: BaseException) -> None:
-        queue = self._streams.pop(request_id, None)
-        if queue is not None:
-            queue.put_nowait(error)
 
 
 _FAILURES: dict[str, type[Exception]] = {"rejected": RequestRejected, "invalid": ValueError}
