@@ -22,8 +22,9 @@ async def worker_heartbeats(request: Request[Any, Any, Any]) -> list[protocol.He
     """Every live worker's latest heartbeat: models from the registry workers stamp, then each
     model's worker set and heartbeat keys (one slot per model, so a Redis Cluster works)."""
     redis = request.app.state.redis
-    recent = await redis.zrangebyscore(
-        protocol.MODEL_REGISTRY, time.time() - RECENT_S, "+inf", start=0, num=MAX_MODELS_SHOWN
+    # Newest first: with more than MAX_MODELS_SHOWN recent models, the ones beating now.
+    recent = await redis.zrevrangebyscore(
+        protocol.MODEL_REGISTRY, "+inf", time.time() - RECENT_S, start=0, num=MAX_MODELS_SHOWN
     )
     beats = []
     for raw_model in recent:
