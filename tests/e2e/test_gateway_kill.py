@@ -30,9 +30,11 @@ MAX_TOKENS = 400
 PROMPT = "Story number 7 about a river."
 
 
-def _stream_until_text(base_url: str, api_key: str, model: str) -> tuple[str, str]:
-    """Start a stream, read until some text arrived; (request id, text seen). The connection
-    stays open (the caller kills the gateway under it)."""
+def _stream_until_text(base_url: str, api_key: str, model: str) -> tuple[str, str, httpx.Response]:
+    """Start a stream, read until some text arrived; (request id, text seen, the response).
+    The caller keeps the response, so the connection stays open until it kills the gateway
+    under it: a response let go of closes its socket, and the gateway, seeing its client
+    leave, settles the stream itself as cancelled before the kill lands."""
     client = httpx.Client(timeout=60)
     request = client.build_request(
         "POST",
@@ -57,7 +59,7 @@ def _stream_until_text(base_url: str, api_key: str, model: str) -> tuple[str, st
             text += choice["delta"].get("content") or ""
         if len(text) >= 8:
             break
-    return response.headers["x-request-id"], text
+    return response.headers["x-request-id"], text, response
 
 
 def test_killed_gateways_stream_is_settled_by_the_survivor(
@@ -81,7 +83,7 @@ def test_killed_gateways_stream_is_settled_by_the_survivor(
     gateway.wait_model(model)
     tools.Gateway(victim, e2e_database_url, key, key_id).wait_model(model)
 
-    request_id, seen = _stream_until_text(victim_url, key, model)
+    request_id, seen, open_stream = _stream_until_text(victim_url, key, model)
     victim.stop(signal.SIGKILL)
     killed_at = time.monotonic()
 
@@ -94,6 +96,7 @@ def test_killed_gateways_stream_is_settled_by_the_survivor(
 
     tools.wait_until(settled, LEASE_S + 5, "the killed replica's usage row", interval=0.2)
     took = time.monotonic() - killed_at
+    open_stream.close()
     want = reference.chat(PROMPT, MAX_TOKENS)
     (row,) = rows
     assert row["prompt_tokens"] == len(want.prompt_token_ids)
