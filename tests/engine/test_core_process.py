@@ -139,9 +139,11 @@ def _worker_process(
     model_dir: Path, log_path: Path
 ) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
     """``python -m engine.worker --core-process`` on the real Redis, ready, serving a long
-    request that has streamed its first delta; yields the process and the request's id."""
+    request that has streamed its first delta; yields the process and the id of the request
+    answered last."""
     model = f"test-core-{uuid.uuid4().hex[:10]}"
     rid = f"{model}-long"
+    rids = [f"{rid}-{i}" for i in range(12)]
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     client = redis.Redis.from_url(REDIS_URL)
@@ -156,17 +158,25 @@ def _worker_process(
     try:
         _wait_ready(port, worker, log_path)
         sampling = protocol.Sampling(max_tokens=1000, temperature=0, ignore_eos=True)
-        request = protocol.Request(rid, model, sampling, prompt_token_ids=[5, 6])
-        client.xadd(
-            protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
+        # Twelve long requests, of which the KV cache holds two at a time: the core is still
+        # stepping seconds later (one alone, a second at the tiny model's pace, may be over
+        # before a heartbeat shows it). The last one is answered last.
+        for request_id in rids:
+            request = protocol.Request(request_id, model, sampling, prompt_token_ids=[5, 6])
+            client.xadd(
+                protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
+            )
+        _read(client, rids[0], until=lambda m: isinstance(m, protocol.Delta))
+        yield (
+            worker,
+            rids[-1],
+            protocol.heartbeat_key(model, f"{socket.gethostname()}-{worker.pid}"),
         )
-        _read(client, rid, until=lambda m: isinstance(m, protocol.Delta))
-        yield worker, rid, protocol.heartbeat_key(model, f"{socket.gethostname()}-{worker.pid}")
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-        client.delete(*client.scan_iter(f"*{model}*"), protocol.reply_stream(rid))
+        client.delete(*client.scan_iter(f"*{model}*"), *(protocol.reply_stream(r) for r in rids))
         client.close()
 
 
@@ -179,10 +189,10 @@ def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path:
         while time.monotonic() < deadline:
             beat = protocol.decode(client.get(heartbeat_key) or b"")
             assert isinstance(beat, protocol.Heartbeat)
-            if beat.num_running == 1:
+            if beat.num_running >= 1:
                 break
             time.sleep(0.1)
-        assert beat.num_running == 1 and beat.kv_blocks_used > 0 and 0 < beat.kv_usage < 1
+        assert beat.num_running >= 1 and beat.kv_blocks_used > 0 and 0 < beat.kv_usage <= 1
         os.kill(_core_pid(worker.pid), signal.SIGKILL)
         replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Error))
         client.close()

@@ -229,7 +229,9 @@ async def test_a_duplicate_entry_is_acked_and_never_fails_the_live_stream(
     try:
         async with _worker(llama_dir, model, REDIS_URL) as worker:
             harness = WorkerHarness(direct, model, worker.engine)
-            request = _request(model, max_tokens=32)
+            # Long enough to still be in flight when the copy arrives (the tiny model makes
+            # 32 tokens between two of _eventually's looks).
+            request = _request(model, max_tokens=512)
             await harness.send(request)
             await _eventually(lambda: bool(worker.in_flight))
             await harness.send(request)  # a gateway's retried XADD
