@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import anthropic
 import httpx
 import msgspec
 import pytest
@@ -262,3 +263,9 @@ def hosted_gateway(
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+@pytest.fixture(scope="module")
+def claude(hosted_gateway: tuple[str, str]) -> anthropic.Anthropic:
+    url, key = hosted_gateway
+    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)

@@ -10,20 +10,7 @@ import anthropic
 import pytest
 
 from . import fake_anthropic
-
-WEATHER: Any = {
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
-SAY: Any = [{"role": "user", "content": "say some words"}]
-THINK: Any = {"type": "enabled", "budget_tokens": 1024}
-
-
-@pytest.fixture(scope="module")
-def claude(hosted_gateway: tuple[str, str]) -> anthropic.Anthropic:
-    url, key = hosted_gateway
-    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
+from .claude_inputs import SAY, THINK, WEATHER
 
 
 def test_count_tokens_is_anthropics_own_count(

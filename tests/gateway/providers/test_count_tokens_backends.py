@@ -14,19 +14,7 @@ import redis
 
 from gateway.usage import EVENT_FIELD
 
-WEATHER: Any = {
-    "name": "get_weather",
-    "description": "The weather in a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
-}
-SAY: Any = [{"role": "user", "content": "say some words"}]
-THINK: Any = {"type": "enabled", "budget_tokens": 1024}
-
-
-@pytest.fixture(scope="module")
-def claude(hosted_gateway: tuple[str, str]) -> anthropic.Anthropic:
-    url, key = hosted_gateway
-    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
+from .claude_inputs import SAY, THINK, WEATHER
 
 
 def billed(redis_url: str, request_id: str) -> tuple[int, int]:

@@ -11,7 +11,8 @@ import anthropic
 import openai
 import pytest
 
-SAY: Any = [{"role": "user", "content": "say some words"}]
+from .claude_inputs import SAY
+
 IDS = {"user": "u-1", "safety_identifier": "s-1", "prompt_cache_key": "k-1"}
 
 
@@ -19,12 +20,6 @@ IDS = {"user": "u-1", "safety_identifier": "s-1", "prompt_cache_key": "k-1"}
 def gpt(hosted_gateway: tuple[str, str]) -> openai.OpenAI:
     url, key = hosted_gateway
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def claude(hosted_gateway: tuple[str, str]) -> anthropic.Anthropic:
-    url, key = hosted_gateway
-    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
 
 
 def _last(fakes: dict[str, tuple[Any, str]], kind: str) -> dict[str, Any]:

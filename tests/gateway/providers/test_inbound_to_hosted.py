@@ -24,12 +24,6 @@ WEATHER = {
 }
 
 
-@pytest.fixture(scope="module")
-def claude(hosted_gateway: tuple[str, str]) -> anthropic.Anthropic:
-    url, key = hosted_gateway
-    return anthropic.Anthropic(base_url=url, api_key=key, max_retries=0)
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_anthropic_sdk_message_and_stream(claude: anthropic.Anthropic, kind: str) -> None:
     kwargs: dict[str, Any] = {
