@@ -27,6 +27,19 @@ from gateway.db.models import UsageDaily, UsageRecord
 GroupBy = Literal["day", "model", "key", "team"]
 
 
+_COUNTED = (
+    UsageRecord.request_id,
+    UsageRecord.key_id,
+    UsageRecord.model,
+    UsageRecord.finished_at,
+    UsageRecord.prompt_tokens,
+    UsageRecord.completion_tokens,
+    UsageRecord.cost_micros,
+    UsageRecord.status,
+)
+"""What the rollups read of a stored usage record."""
+
+
 async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> int:
     """Inserts usage rows (UsageRecord column names) not seen before; returns how many."""
     if not rows:
@@ -36,17 +49,7 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
     statement = (
         insert(UsageRecord)
         .on_conflict_do_nothing(index_elements=[UsageRecord.request_id])
-        .returning(
-            UsageRecord.request_id,
-            UsageRecord.key_id,
-            UsageRecord.model,
-            UsageRecord.finished_at,
-            UsageRecord.prompt_tokens,
-            UsageRecord.completion_tokens,
-            UsageRecord.cost_micros,
-            UsageRecord.status,
-            UsageRecord.team_id,
-        )
+        .returning(*_COUNTED, UsageRecord.team_id)
     )
     # One row per request: the larger of a batch's records of it (see bills_more).
     unique: dict[str, dict[str, Any]] = {}
@@ -129,22 +132,12 @@ async def _raise_counts(
     or the serving replica's record of a request a reaper billed in part. The stored row takes
     the larger counts (and the serving replica's status and timings with them); the rollup of
     the row's day takes the difference, as a correction of a request already counted."""
-    columns = (
-        UsageRecord.request_id,
-        UsageRecord.key_id,
-        UsageRecord.model,
-        UsageRecord.finished_at,
-        UsageRecord.prompt_tokens,
-        UsageRecord.completion_tokens,
-        UsageRecord.cost_micros,
-        UsageRecord.status,
-    )
     ids = [row["request_id"] for row in rows]
     # FOR UPDATE: two flushers correcting one request apply one difference after the other.
     current = {
         found.request_id: found
         for found in await session.execute(
-            select(*columns).where(UsageRecord.request_id.in_(ids)).with_for_update()
+            select(*_COUNTED).where(UsageRecord.request_id.in_(ids)).with_for_update()
         )
     }
     for row in rows:
