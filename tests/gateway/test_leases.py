@@ -13,7 +13,6 @@ import pytest
 from redis.asyncio import Redis
 
 from engine import protocol
-from gateway.auth import ApiKeyRecord
 from gateway.errors import RateLimited
 from gateway.lease_book import LeaseBook
 from gateway.leases import lease_hashes_key
@@ -21,6 +20,7 @@ from gateway.limit_scripts import EPOCH_TTL_S
 from gateway.limits import Admission, RateLimiter
 from gateway.settings import Settings
 from gateway.usage import UsageEvent, UsageRecorder
+from tests.gateway.key_records import key_record
 
 
 @pytest.fixture
@@ -43,19 +43,7 @@ class Replicas:
         self.settings = Settings(redis_url=redis_url, usage_stream=self.stream, lease_s=LEASE_S)
         self.limiter = RateLimiter(redis, slot_ttl_s=60)
         self.recorder = UsageRecorder(redis, self.settings)
-        self.key = ApiKeyRecord(
-            id=str(uuid.uuid4()),
-            name="k",
-            allowed_models=[],
-            rpm_limit=None,
-            tpm_limit=None,
-            max_parallel_requests=2,
-            token_budget=10_000,
-            budget_period=None,
-            expires_at=None,
-            revoked=False,
-            metadata={},
-        )
+        self.key = key_record(max_parallel_requests=2, token_budget=10_000)
         self.books: list[LeaseBook] = []
 
     def book(self) -> LeaseBook:

@@ -16,7 +16,6 @@ from opentelemetry.trace import INVALID_SPAN
 from redis.asyncio import Redis
 
 from gateway.api.openai_chat import ChatRenderer
-from gateway.auth import ApiKeyRecord
 from gateway.call import Call
 from gateway.call_stream import stream
 from gateway.canonical import ChatRequest, Chunk, Message, TextPart
@@ -27,6 +26,7 @@ from gateway.services import Services
 from gateway.settings import Settings
 from gateway.usage import UsageRecorder
 from tests.gateway.api.servers import ServerThread, Upstream
+from tests.gateway.key_records import key_record
 
 
 class Broken(ChatRenderer):
@@ -80,19 +80,7 @@ class Gateway:
             recorder=UsageRecorder(redis, self.settings),
             redis=redis,
         )
-        self.key = ApiKeyRecord(
-            id=str(uuid.uuid4()),
-            name="k",
-            allowed_models=[],
-            rpm_limit=None,
-            tpm_limit=None,
-            max_parallel_requests=1,
-            token_budget=10_000,
-            budget_period=None,
-            expires_at=None,
-            revoked=False,
-            metadata={},
-        )
+        self.key = key_record(max_parallel_requests=1, token_budget=10_000)
 
     async def call(self, *, stream: bool) -> Call:
         request_id = uuid.uuid4().hex

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from gateway.auth import ApiKeyRecord
 from gateway.limits import RateLimiter
+from tests.gateway.key_records import key_record
 
 
 @pytest.fixture
@@ -23,26 +24,6 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(redis_url)
     yield client
     await client.aclose()
-
-
-def _key(**limits: int | None) -> ApiKeyRecord:
-    fields: dict[str, int | None] = {
-        "rpm_limit": None,
-        "tpm_limit": None,
-        "max_parallel_requests": None,
-        "token_budget": None,
-    }
-    fields.update(limits)
-    return ApiKeyRecord(
-        id=str(uuid.uuid4()),
-        name="k",
-        allowed_models=[],
-        budget_period=None,
-        expires_at=None,
-        revoked=False,
-        metadata={},
-        **fields,
-    )
 
 
 async def _cleanup(redis: Redis, key: ApiKeyRecord) -> None:
@@ -56,7 +37,7 @@ async def test_counters_the_admission_did_not_book_get_the_real_amount(
     redis: Redis, actual: int
 ) -> None:
     limiter = RateLimiter(redis, slot_ttl_s=60)
-    key = _key()
+    key = key_record()
     try:
         assert await limiter.counters("key", key, None) == (0, 0)  # seeded, shown
         admission = await limiter.admit(key, uuid.uuid4().hex, 17, prompt_tokens=5)
@@ -68,7 +49,7 @@ async def test_counters_the_admission_did_not_book_get_the_real_amount(
 
 async def test_a_budgeted_key_is_corrected_by_its_settle(redis: Redis) -> None:
     limiter = RateLimiter(redis, slot_ttl_s=60)
-    key = _key(token_budget=1_000, tpm_limit=1_000)
+    key = key_record(token_budget=1_000, tpm_limit=1_000)
     try:
         admission = await limiter.admit(key, uuid.uuid4().hex, 17, prompt_tokens=5)
         assert (await limiter.counters("key", key, None))[0] == 17
