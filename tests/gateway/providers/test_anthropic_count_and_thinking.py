@@ -65,11 +65,7 @@ def test_a_thinking_block_comes_signed_and_goes_back(
         "thinking": THINK,
         "messages": SAY,
     }
-    if stream:
-        with claude.messages.stream(**kwargs) as events:
-            message = events.get_final_message()
-    else:
-        message = claude.messages.create(**kwargs)
+    message = _answer(claude, kwargs, stream)
     thinking = message.content[0]
     assert thinking.type == "thinking" and thinking.thinking == "let me think"
     assert thinking.signature.startswith("sg1.") and len(thinking.signature) > 40
@@ -111,24 +107,13 @@ def test_anthropics_signed_thinking_goes_back_to_it_in_a_tool_loop(
         "tools": [WEATHER],
         "messages": ask,
     }
-    if stream:
-        with claude.messages.stream(**kwargs) as events:
-            message = events.get_final_message()
-    else:
-        message = claude.messages.create(**kwargs)
+    message = _answer(claude, kwargs, stream)
     thinking, use = message.content
     assert thinking.type == "thinking" and use.type == "tool_use"
     # Anthropic's own signature rides inside ours, to go back to it with the block.
     assert thinking.signature.startswith("sg1.")
     assert thinking.signature.endswith("." + fake_anthropic.SIGNATURE)
-    turns: Any = [
-        *ask,
-        {"role": "assistant", "content": [b.model_dump() for b in message.content]},
-        {
-            "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
-        },
-    ]
+    turns = _tool_result_turns(ask, message, use.id)
     # The fake, as Anthropic, refuses this turn unless its signed thinking block leads it.
     follow = claude.messages.create(**{**kwargs, "messages": turns})
     assert follow.stop_reason == "end_turn"
@@ -150,11 +135,7 @@ def test_interleaved_thinking_goes_back_block_by_block(
         "tools": [WEATHER],
         "messages": ask,
     }
-    if stream:
-        with claude.messages.stream(**kwargs) as events:
-            message = events.get_final_message()
-    else:
-        message = claude.messages.create(**kwargs)
+    message = _answer(claude, kwargs, stream)
     kinds = [block.type for block in message.content]
     assert kinds == ["thinking", "redacted_thinking", "text", "thinking", "tool_use"]
     first, redacted, text, second, use = message.content
@@ -167,14 +148,7 @@ def test_interleaved_thinking_goes_back_block_by_block(
     assert text.type == "text" and text.text.strip() == fake_anthropic.INTERLEAVED_TEXT
     assert use.type == "tool_use"
 
-    turns: Any = [
-        *ask,
-        {"role": "assistant", "content": [b.model_dump() for b in message.content]},
-        {
-            "role": "user",
-            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}],
-        },
-    ]
+    turns = _tool_result_turns(ask, message, use.id)
     # The fakes, as Claude, refuse the turn unless every block comes back as issued.
     follow = claude.messages.create(**{**kwargs, "messages": turns})
     assert follow.stop_reason == "end_turn"
@@ -182,3 +156,23 @@ def test_interleaved_thinking_goes_back_block_by_block(
     # models do with a block they cannot read; the signed thinking goes as text.
     elsewhere = claude.messages.create(**{**kwargs, "model": "gemini-plain", "messages": turns})
     assert elsewhere.stop_reason in {"end_turn", "max_tokens"}
+
+
+def _answer(claude: anthropic.Anthropic, kwargs: dict[str, Any], stream: bool) -> Any:
+    """The message, whole or folded from its stream by the SDK."""
+    if stream:
+        with claude.messages.stream(**kwargs) as events:
+            return events.get_final_message()
+    return claude.messages.create(**kwargs)
+
+
+def _tool_result_turns(ask: Any, message: Any, tool_use_id: str) -> Any:
+    """The conversation going on: the question, the answer as it came, a tool result."""
+    return [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump() for b in message.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": tool_use_id, "content": "sunny"}],
+        },
+    ]
