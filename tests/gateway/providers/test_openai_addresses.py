@@ -46,6 +46,14 @@ def _request() -> ChatRequest:
     return ChatRequest(model="m", messages=[text_message("user", "hi")])
 
 
+async def _ask(provider: OpenAIProvider, stream: bool) -> None:
+    if stream:
+        async for _ in provider.generate(_request()):
+            pass
+    else:
+        await provider.complete(_request())
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_an_unreachable_upstream_is_logged_without_its_address(
     client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, stream: bool
@@ -57,11 +65,7 @@ async def test_an_unreachable_upstream_is_logged_without_its_address(
     try:
         with caplog.at_level(logging.DEBUG, logger="gateway.providers"):
             with pytest.raises(ProviderError) as caught:
-                if stream:
-                    async for _ in provider.generate(_request()):
-                        pass
-                else:
-                    await provider.complete(_request())
+                await _ask(provider, stream)
     finally:
         await provider.close()
     assert caught.value.retryable and f"{port}" not in str(caught.value)
@@ -78,11 +82,7 @@ async def test_a_client_error_reaches_the_client_redacted(
     provider = OpenAIProvider(name="leaky", base_url=f"{server.url}/v1", model="m", client=client)
     try:
         with pytest.raises(ProviderError) as caught:
-            if stream:
-                async for _ in provider.generate(_request()):
-                    pass
-            else:
-                await provider.complete(_request())
+            await _ask(provider, stream)
     finally:
         await provider.close()
         server.stop()
