@@ -94,8 +94,12 @@ def check_supported(hf_config: Any, model_class: type) -> None:
             f"{name} has {', '.join(recurrent)} layers: their recurrent/state-space state does "
             "not fit the paged KV block pool"
         )
-    if getattr(hf_config, "cross_attention_layers", None) or getattr(
-        hf_config, "add_cross_attention", False
+    # A multimodal config keeps its decoder's layout in its text config: Mllama lists its
+    # cross-attention layers there, not at the top.
+    text = hf_config.get_text_config()
+    if any(
+        getattr(c, "cross_attention_layers", None) or getattr(c, "add_cross_attention", False)
+        for c in (hf_config, text)
     ):
         raise UnsupportedTransformersModelError(
             f"{name} uses cross-attention, whose keys come from another input rather than the "

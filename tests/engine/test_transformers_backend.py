@@ -340,3 +340,17 @@ def test_model_impl_choice_and_errors(hf_dirs: dict[str, Path], tmp_path: Path) 
     bart = config_only("bart", transformers.BartConfig(encoder_layers=1, decoder_layers=1))
     with pytest.raises(UnsupportedModelError, match="encoder-decoder"):
         load_model(bart, cpu)
+    # Mllama's causal-LM class is a text decoder whose cross-attention layers are listed in
+    # its text_config, not at the top of the config AutoConfig returns.
+    mllama = config_only(
+        "mllama",
+        transformers.MllamaConfig(
+            text_config={"num_hidden_layers": 2, "cross_attention_layers": [1]},
+            vision_config={"num_hidden_layers": 1, "num_global_layers": 1},
+        ),
+    )
+    with pytest.raises(UnsupportedModelError, match="uses cross-attention"):
+        load_model(mllama, cpu)
+    gpt2 = config_only("gpt2", transformers.GPT2Config(n_layer=2, add_cross_attention=True))
+    with pytest.raises(UnsupportedModelError, match="uses cross-attention"):
+        load_model(gpt2, cpu)
