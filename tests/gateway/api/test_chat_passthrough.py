@@ -115,13 +115,30 @@ def test_every_field_reaches_the_upstream_unchanged(
     gateway: str, make_key: Callable[..., str], upstream: tuple[Upstream, str]
 ) -> None:
     client = sdk(gateway, make_key())
+    # Unknown fields, at the top and inside known objects, go along too.
+    nested = copy.deepcopy(FIELDS)
+    nested["messages"][1]["content"][0]["cache_control"] = {"type": "ephemeral"}
+    nested["tools"][0]["function"]["examples"] = [{"city": "Paris"}]
     client.chat.completions.create(
-        model="echo-alias", extra_body={"vendor_knob": {"depth": 3}}, **FIELDS
+        model="echo-alias", extra_body={"vendor_knob": {"depth": 3}}, **nested
     )
     received = _sent(upstream[0], "echo")
     assert received.pop("model") == "echo"
     assert received.pop("vendor_knob") == {"depth": 3}
     assert "max_tokens" not in received, "the gateway must not invent max_tokens"
+    assert received == nested
+
+
+def test_every_field_of_a_stream_reaches_the_upstream_unchanged(
+    gateway: str, make_key: Callable[..., str], upstream: tuple[Upstream, str]
+) -> None:
+    client = sdk(gateway, make_key())
+    chunks = list(client.chat.completions.create(model="echo", stream=True, **FIELDS))
+    assert chunks
+    received = _sent(upstream[0], "echo")
+    assert received.pop("model") == "echo"
+    assert received.pop("stream") is True
+    assert received.pop("stream_options") == {"include_usage": True}, "asked for billing"
     assert received == FIELDS
 
 

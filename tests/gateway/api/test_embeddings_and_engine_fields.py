@@ -115,12 +115,49 @@ IMAGE_PART = {"type": "image_url", "image_url": {"url": "https://example.com/cat
             },
             "messages[0].cache_control",
         ),
+        # Unknown keys inside known objects are fields too: named, not dropped.
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
+                        ],
+                    }
+                ]
+            },
+            "messages[0].content[0].cache_control",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "examples": [{}]}}]},
+            "tools[0].function.examples",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {}, "schema_version": 2},
+                }
+            },
+            "response_format.json_schema.schema_version",
+        ),
+        (
+            {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+        ),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "f", "why": "x"}}},
+            "tool_choice.function.why",
+        ),
     ],
 )
 def test_what_an_engine_cannot_honour_is_a_400_naming_it(
     gateway: str, make_key: Callable[..., str], extra: dict[str, Any], param: str
 ) -> None:
     body = {"model": "engine-only", "messages": HELLO, **extra}
+    if "tool_choice" in extra:
+        body["tools"] = [{"type": "function", "function": {"name": "f"}}]
     response = httpx.post(
         f"{gateway}/v1/chat/completions",
         json=body,
@@ -170,6 +207,47 @@ def test_vllm_extras_and_identifying_fields_are_accepted_for_engines(
     )
     # Admitted and routed: the pool simply has no worker.
     assert response.status_code == 503, response.text
+
+
+def test_parse_answers_sent_back_as_history_are_accepted_for_engines(
+    gateway: str, make_key: Callable[..., str]
+) -> None:
+    """What the openai SDK (3.x) sends when a ``parse()`` answer goes back into ``messages``:
+    its ``parsed`` and ``parsed_arguments`` repeat the content and the arguments already there,
+    so they are no field an engine would drop."""
+    parsed_answer = {"content": '{"city":"P"}', "role": "assistant", "parsed": {"city": "P"}}
+    parsed_call = {
+        "content": None,
+        "role": "assistant",
+        "parsed": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "W",
+                    "arguments": '{"city":"P"}',
+                    "parsed_arguments": {"city": "P"},
+                },
+            }
+        ],
+    }
+    body = {
+        "model": "engine-only",
+        "messages": [
+            *HELLO,
+            parsed_answer,
+            *HELLO,
+            parsed_call,
+            {"role": "tool", "tool_call_id": "call_1", "content": "1"},
+        ],
+    }
+    response = httpx.post(
+        f"{gateway}/v1/chat/completions",
+        json=body,
+        headers={"authorization": f"Bearer {make_key()}"},
+    )
+    assert response.status_code == 503, response.text  # admitted: the pool has no worker
 
 
 def test_a_model_with_an_engine_and_an_openai_deployment_sends_images_to_the_one_that_can(
