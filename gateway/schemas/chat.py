@@ -15,7 +15,8 @@ from msgspec import Meta
 
 from gateway import canonical
 from gateway.errors import InvalidRequest
-from gateway.schemas.sampling import GenerationFields, PositiveInt, unknown_fields
+from gateway.schemas.sampling import GenerationFields, PositiveInt
+from gateway.schemas.unknown import unknown_paths
 
 # ---- messages --------------------------------------------------------------------------------
 
@@ -62,6 +63,8 @@ ContentPart = TextPartIn | ImagePartIn | AudioPartIn | FilePartIn | RefusalPartI
 class FunctionCallIn(msgspec.Struct):
     name: str
     arguments: str
+    parsed_arguments: Any = None
+    """The openai SDK's ``parse()`` echo of ``arguments``, decoded: not model input."""
 
 
 class ToolCallIn(msgspec.Struct):
@@ -85,9 +88,9 @@ class ChatMessageIn(msgspec.Struct):
     """The deprecated form of ``tool_calls``."""
     annotations: list[dict[str, Any]] | None = None
     """Citations of an earlier answer, echoed back by clients; they are not model input."""
+    parsed: Any = None
+    """The openai SDK's ``parse()`` echo of ``content``, decoded: not model input."""
 
-
-_MESSAGE_FIELDS = frozenset(ChatMessageIn.__struct_fields__)
 
 # ---- tools and formats -----------------------------------------------------------------------
 
@@ -173,13 +176,10 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
 
     def canonical(self, document: dict[str, Any]) -> canonical.ChatRequest:
         """The canonical request; ``document`` is this body as plain JSON."""
-        extra = unknown_fields(document, _CHAT_FIELDS)
+        extra = unknown_paths(document, ChatCompletionRequest)
         messages = []
-        for i, (message, raw) in enumerate(zip(self.messages, document["messages"], strict=True)):
+        for i, message in enumerate(self.messages):
             messages.append(_message(message))
-            if isinstance(raw, dict) and not _MESSAGE_FIELDS.issuperset(raw):
-                unknown = unknown_fields(raw, _MESSAGE_FIELDS)
-                extra.update({f"messages[{i}].{k}": v for k, v in unknown.items()})
             # What the canonical model has no place for: audio answers, custom tool calls.
             if message.audio is not None:
                 extra[f"messages[{i}].audio"] = message.audio
@@ -247,6 +247,10 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
                 raise InvalidRequest(
                     "tool_choice.function needs a name.", param="tool_choice.function.name"
                 )
+            extra.update({f"tool_choice.{k}": v for k, v in choice.items() if k not in _CHOICE})
+            extra.update(
+                {f"tool_choice.function.{k}": v for k, v in function.items() if k != "name"}
+            )
             known = {t.function.name for t in self.tools or () if t.function is not None}
             if name not in known:
                 raise InvalidRequest(
@@ -274,7 +278,7 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
         )
 
 
-_CHAT_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
+_CHOICE = frozenset({"type", "function"})
 
 _ROLES: dict[str, canonical.Role] = {
     "system": "system",

@@ -9,7 +9,8 @@ from msgspec import Meta
 
 from gateway import canonical
 from gateway.errors import InvalidRequest
-from gateway.schemas.sampling import GenerationFields, unknown_fields
+from gateway.schemas.sampling import GenerationFields
+from gateway.schemas.unknown import unknown_paths
 from gateway.schemas.wire import UsageOut
 
 
@@ -49,12 +50,9 @@ class CompletionRequest(GenerationFields, kw_only=True):
             stream=bool(self.stream),
             include_usage=self.include_usage,
             user=self.user,
-            extra=unknown_fields(document, _COMPLETION_FIELDS),
+            extra=unknown_paths(document, CompletionRequest),
             passthrough=document,
         )
-
-
-_COMPLETION_FIELDS = frozenset(CompletionRequest.__struct_fields__)
 
 
 class CompletionLogprobs(msgspec.Struct):

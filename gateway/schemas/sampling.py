@@ -122,9 +122,3 @@ class GenerationFields(msgspec.Struct, kw_only=True):
         if self.guided_grammar is not None:
             return canonical.OutputFormat("grammar", grammar=self.guided_grammar)
         return None
-
-
-def unknown_fields(document: dict[str, Any], known: frozenset[str]) -> dict[str, Any]:
-    """The fields of ``document`` that ``known`` does not name (a ``null`` one is as good as
-    absent: SDKs echo objects back with their unset fields as ``null``)."""
-    return {k: v for k, v in document.items() if k not in known and v is not None}
