@@ -26,6 +26,30 @@ NAMED: Any = {"type": "function", "function": {"name": "get_weather"}}
 MESSAGES: Any = [{"role": "user", "content": "Weather in Paris?"}]
 
 
+SCHEMAS: list[Any] = [
+    WEATHER,
+    {  # nested objects, arrays, enums, required fields, no additional properties
+        "type": "object",
+        "properties": {
+            "open": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+            "keeper": {
+                "type": "object",
+                "properties": {
+                    "level": {"enum": [1, 2, 3]},
+                    "name": {"type": "string", "maxLength": 4},
+                },
+                "required": ["level"],
+                "additionalProperties": False,
+            },
+        },
+        "required": ["open", "tags", "keeper"],
+        "additionalProperties": False,
+    },
+    {"type": "object", "properties": {"pick": {"enum": ["x", "y", "z"]}}, "required": ["pick"]},
+]
+
+
 class Gate(BaseModel):
     kind: Literal["river", "gate", "weir"]
     open: bool
@@ -112,6 +136,23 @@ def test_parse_with_a_pydantic_model(served: Any) -> None:
         model=served.model, messages=MESSAGES, response_format=Gate, max_tokens=100, temperature=0
     )
     assert isinstance(completion.choices[0].message.parsed, Gate)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_json_schema_output_validates(served: Any, schema: Any) -> None:
+    completion = served.client.chat.completions.create(
+        model=served.model,
+        messages=MESSAGES,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "out", "schema": schema, "strict": True},
+        },
+        max_tokens=120,
+        temperature=0,
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content or ""), schema)
 
 
 def test_logprobs_and_seeded_n(served: Any) -> None:
