@@ -27,15 +27,31 @@ def redis_server() -> str:
 
 
 def _free(port: int) -> bool:
+    """Nothing holds ``port``: not a listener, nor the local end of a connection."""
     with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) != 0
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def free_ports(count: int) -> list[int]:
-    """Ports whose cluster-bus twin (port + 10000) is free too."""
+    """Ports whose cluster-bus twin (port + 10000) is free too, both below the ephemeral
+    range: there the kernel hands ports to the local ends of outgoing connections, and a
+    suite that opens thousands of them can take a bus port between this check and the
+    server's bind (redis-server then exits, and the start times out)."""
+    ceiling = _ephemeral_low() - 10000 - 1
     ports: list[int] = []
     while len(ports) < count:
-        port = random.randint(20000, 29999)
+        port = random.randint(10000, ceiling)
         if port not in ports and _free(port) and _free(port + 10000):
             ports.append(port)
     return ports
@@ -65,10 +81,17 @@ class _Servers:
             redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(directory), *args,
         ]  # fmt: skip
-        log = (directory / "server.log").open("wb")
-        self.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        log_path = directory / "server.log"
+        process = subprocess.Popen(argv, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+        self.processes.append(process)
         client = redis.Redis(port=port, socket_connect_timeout=0.2)
-        _wait(client.ping, f"redis-server on {port}")
+
+        def up() -> bool:
+            # A server that could not start says why at once, not after the whole timeout.
+            assert process.poll() is None, f"redis-server on {port} exited: {log_path.read_text()}"
+            return bool(client.ping())
+
+        _wait(up, f"redis-server on {port}")
         client.close()
 
     def close(self) -> None:
