@@ -3,8 +3,8 @@
 A ``before_request`` hook (it runs after the guards, before Litestar decodes ``data``) reads
 the body, which Litestar caches for the decoder, and refuses with the API's error shape:
 413 past ``max_body_bytes`` however the body was framed (``Content-Length`` or chunked), and
-400 when JSON nests deeper than ``max_json_depth``, which would otherwise exhaust the
-decoder's recursion and come back as a 500. Admin input (stored in PostgreSQL, which refuses
+400 naming the top-level field when JSON nests deeper than ``max_json_depth``, which would
+otherwise exhaust the decoder's recursion and come back as a 500. Admin input (stored in PostgreSQL, which refuses
 NUL in text) with a NUL character in a query parameter or a JSON string is a 400 naming it.
 """
 
@@ -53,6 +53,32 @@ def json_depth_exceeds(body: bytes, limit: int) -> bool:
         else:
             depth -= 1
     return False
+
+
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:]')
+
+
+def deep_field(body: bytes, limit: int) -> str | None:
+    """The top-level field of a JSON object body whose value nests deeper than ``limit``, for
+    the error to name (None when the body is not an object or the field cannot be told)."""
+    depth, key, last_string = 0, None, b'""'
+    for match in _TOKEN.finditer(body):
+        token = match.group()
+        if token[:1] == b'"':
+            last_string = token  # a key when a ':' follows it
+        elif token == b":":
+            if depth == 1:
+                try:
+                    key = msgspec.json.decode(last_string, type=str)
+                except msgspec.DecodeError:
+                    key = None
+        elif token in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return key
+        else:
+            depth -= 1
+    return None
 
 
 def _nul_field(value: Any, path: str = "") -> str | None:
@@ -104,9 +130,12 @@ async def check_body(request: Request[Any, Any, Any]) -> None:
     if len(body) > settings.max_body_bytes:
         raise PayloadTooLarge(f"The request body exceeds the {settings.max_body_bytes}-byte limit.")
     if settings.max_json_depth and json_depth_exceeds(body, settings.max_json_depth):
+        field = deep_field(body, settings.max_json_depth)
+        where = f"'{field}'" if field is not None else "The JSON body"
         raise InvalidRequest(
-            f"The JSON body nests deeper than {settings.max_json_depth} levels.",
+            f"{where} nests deeper than {settings.max_json_depth} levels.",
             code="json_too_deep",
+            param=field,
         )
     if stored:
         _refuse_nul(request, body)

@@ -208,7 +208,8 @@ def test_json_nested_five_thousand_deep_is_a_400(
         headers={"authorization": f"Bearer {make_key()}", "content-type": "application/json"},
     )
     assert response.status_code == 400, response.text
-    assert response.json()["error"]["type"] == "invalid_request_error"
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "metadata")
 
 
 def test_context_length_exceeded_maps_from_the_upstream(

@@ -123,16 +123,37 @@ async def test_deeply_nested_json_is_a_400_not_a_500(
     deep = "[" * 5000 + "]" * 5000
     user = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
     async with httpx.AsyncClient() as client:
-        for path, headers, body in [
-            ("/v1/chat/completions", user, '{"model": "tiny", "messages": ' + deep + "}"),
-            ("/v1/completions", user, '{"model": "tiny", "prompt": "hi", "stop": ' + deep + "}"),
-            ("/admin/keys", {**user, **_admin(edge_settings)}, '{"name": ' + deep + "}"),
+        for path, headers, body, field in [
+            (
+                "/v1/chat/completions",
+                user,
+                '{"model": "tiny", "messages": ' + deep + "}",
+                "messages",
+            ),
+            (
+                "/v1/completions",
+                user,
+                '{"model": "tiny", "prompt": "hi", "stop": ' + deep + "}",
+                "stop",
+            ),
+            ("/admin/keys", {**user, **_admin(edge_settings)}, '{"name": ' + deep + "}", "name"),
+            # Brackets and quotes inside strings, and a shallow field first, do not mislead it.
+            (
+                "/v1/chat/completions",
+                user,
+                '{"model": "t[{\\"", "user": "a]}", "metadata": {"k": ' + deep + "}}",
+                "metadata",
+            ),
+            ("/v1/chat/completions", user, deep, None),  # no field: the body itself
         ]:
             response = await client.post(gateway + path, content=body, headers=headers)
             assert response.status_code == 400, (path, response.text)
             error = response.json()["error"]
             assert error["type"] == "invalid_request_error"
             assert "nests deeper than" in error["message"]
+            assert error["param"] == field, (path, error)
+            if field is not None:
+                assert f"'{field}'" in error["message"], error
         # Nesting within the limit is judged by the schema as usual, not by this check.
         shallow = "[" * 20 + "]" * 20
         response = await client.post(
