@@ -75,9 +75,35 @@ def _parameters_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-# Layer kinds a transformers config may list in ``layer_types`` that hold state the block pool
-# cannot give (recurrent / state-space / convolution state rather than per-token K/V).
+# Layer kinds a transformers config may list in ``layer_types``. Our paged attention implements
+# full causal attention and sliding-window attention ("attention" is transformers' legacy name
+# for full attention); every other kind is refused, with a reason that depends on what it is.
 _ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention", "attention"}
+# Kinds that hold recurrent / state-space / convolution state rather than per-token K/V, which
+# the block pool cannot give (transformers' names, current and legacy).
+_RECURRENT_LAYER_TYPES = {
+    "linear_attention",
+    "mamba",
+    "mamba2",
+    "conv",
+    "hybrid",
+    "hybrid_sliding",
+    "recurrent",
+}
+
+
+def _describe_attention_pattern(layer_type: str, config: Any) -> str:
+    """What an attention pattern our paged attention does not implement would need."""
+    if layer_type == "chunked_attention":
+        chunk = getattr(config, "attention_chunk_size", None)
+        size = f"{chunk} tokens" if chunk else "a fixed size"
+        return (
+            f"chunked attention (each token attends only within its chunk of {size}; "
+            "ours would let it attend to the whole context)"
+        )
+    if layer_type == "indexed_attention" or "sparse" in layer_type:
+        return f"{layer_type} (indexed/sparse attention: an indexer picks the keys each token sees)"
+    return layer_type
 
 
 def check_supported(hf_config: Any, model_class: type) -> None:
@@ -87,16 +113,25 @@ def check_supported(hf_config: Any, model_class: type) -> None:
         raise UnsupportedTransformersModelError(
             f"{name} is an encoder-decoder model; the engine serves decoder-only causal LMs"
         )
-    layer_types = getattr(hf_config, "layer_types", None) or []
-    recurrent = sorted({t for t in layer_types if t not in _ATTENTION_LAYER_TYPES})
-    if recurrent:
-        raise UnsupportedTransformersModelError(
-            f"{name} has {', '.join(recurrent)} layers: their recurrent/state-space state does "
-            "not fit the paged KV block pool"
-        )
     # A multimodal config keeps its decoder's layout in its text config: Mllama lists its
-    # cross-attention layers there, not at the top.
+    # cross-attention layers there, Llama-4 its chunked-attention layers, not at the top.
     text = hf_config.get_text_config()
+    configs = (hf_config,) if text is hf_config else (hf_config, text)
+    for config in configs:
+        layer_types = set(getattr(config, "layer_types", None) or [])
+        recurrent = sorted(layer_types & _RECURRENT_LAYER_TYPES)
+        if recurrent:
+            raise UnsupportedTransformersModelError(
+                f"{name} has {', '.join(recurrent)} layers: their recurrent/state-space state "
+                "does not fit the paged KV block pool"
+            )
+        patterns = sorted(layer_types - _ATTENTION_LAYER_TYPES - _RECURRENT_LAYER_TYPES)
+        if patterns:
+            raise UnsupportedTransformersModelError(
+                f"{name} has {', '.join(patterns)} layers: our paged attention implements only "
+                "full and sliding-window attention, not "
+                f"{'; '.join(_describe_attention_pattern(t, config) for t in patterns)}"
+            )
     if any(
         getattr(c, "cross_attention_layers", None) or getattr(c, "add_cross_attention", False)
         for c in (hf_config, text)

@@ -354,3 +354,73 @@ def test_model_impl_choice_and_errors(hf_dirs: dict[str, Path], tmp_path: Path) 
     gpt2 = config_only("gpt2", transformers.GPT2Config(n_layer=2, add_cross_attention=True))
     with pytest.raises(UnsupportedModelError, match="uses cross-attention"):
         load_model(gpt2, cpu)
+
+
+def test_attention_patterns_our_paged_attention_lacks_are_refused(tmp_path: Path) -> None:
+    """Layer types other than full and sliding attention are refused naming the pattern, at
+    the top of the config and in a multimodal config's text config: served on our paged
+    attention, Llama-4's chunked layers would attend to the whole context once a prompt
+    passes the chunk size, silently giving wrong output."""
+    cpu = torch.device("cpu")
+
+    def refusal(name: str, config: transformers.PretrainedConfig) -> str:
+        config.save_pretrained(tmp_path / name)
+        with pytest.raises(UnsupportedModelError) as refused:
+            load_model(tmp_path / name, cpu)
+        message = str(refused.value)
+        assert "state-space" not in message, message
+        return message
+
+    # Llama-4's causal-LM class is built from the multimodal config, whose text config lists
+    # its chunked-attention layers (every fourth layer is full attention).
+    llama4 = transformers.Llama4Config(
+        text_config={"num_hidden_layers": 4, "attention_chunk_size": 8192},
+        vision_config={"num_hidden_layers": 1},
+    )
+    assert "chunked_attention" in llama4.get_text_config().layer_types
+    assert getattr(llama4, "layer_types", None) is None
+    message = refusal("llama4", llama4)
+    assert "chunked_attention layers" in message
+    assert "chunked attention" in message and "8192 tokens" in message
+    # The same layers at the top of a text-only config.
+    message = refusal("llama4_text", transformers.Llama4TextConfig(num_hidden_layers=4))
+    assert "chunked_attention layers" in message and "only full and sliding-window" in message
+    # Indexer-picked sparse attention in a text config (Dots3Note).
+    dots = transformers.Dots3NoteConfig(
+        text_config={
+            "num_hidden_layers": 2,
+            "layer_types": ["indexed_attention", "sliding_attention"],
+        }
+    )
+    assert getattr(dots, "layer_types", None) is None
+    message = refusal("dots3_note", dots)
+    assert "indexed_attention layers" in message and "indexed/sparse attention" in message
+    # Recurrent layers in a text config keep the recurrent message.
+    qwen35 = tmp_path / "qwen3_5"
+    transformers.Qwen3_5Config(
+        text_config={
+            "num_hidden_layers": 2,
+            "layer_types": ["linear_attention", "full_attention"],
+        }
+    ).save_pretrained(qwen35)
+    with pytest.raises(UnsupportedModelError, match="linear_attention layers: their recurrent"):
+        load_model(qwen35, cpu)
+
+
+def test_sliding_and_full_attention_in_a_text_config_pass_the_checks() -> None:
+    """Gemma-3's multimodal config lists sliding and full layers in its text config: both are
+    what our paged attention implements, so the layer-type checks let it through."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.models.transformers_backend import check_supported
+
+    gemma3 = transformers.Gemma3Config(
+        text_config={
+            "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"],
+        }
+    )
+    check_supported(gemma3, AutoModelForCausalLM._model_mapping[type(gemma3)])
+    gemma2 = transformers.Gemma2Config(num_hidden_layers=2)
+    assert set(gemma2.layer_types) == {"sliding_attention", "full_attention"}
+    check_supported(gemma2, AutoModelForCausalLM._model_mapping[type(gemma2)])
