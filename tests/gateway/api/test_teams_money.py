@@ -206,6 +206,41 @@ async def test_a_price_change_leaves_earlier_spend_untouched(
     await execute_autocommit(money_settings.database_url, "DELETE FROM model_prices")
 
 
+async def test_a_price_applies_from_its_effective_timestamp(
+    money_settings: Settings, replicas: tuple[str, str]
+) -> None:
+    """A price set ahead of time changes nothing until its moment, then prices what follows."""
+    gateway = replicas[0]
+    key = _admin(money_settings, gateway, "POST", "/admin/keys", json={"name": "e"})
+    lead_s = 4.0
+    takes_effect = time.time() + lead_s
+    later = dt.datetime.fromtimestamp(takes_effect, dt.UTC)
+    try:
+        _admin(
+            money_settings,
+            gateway,
+            "POST",
+            "/admin/prices",
+            json={
+                "model": "echo",
+                "input": 1.0,
+                "output": 5.0,
+                "effective_from": later.isoformat(),
+            },
+        )
+        assert _chat(gateway, key["key"]).status_code == 200
+        assert time.time() < takes_effect, "the machine was too slow to judge"
+        await asyncio.sleep(takes_effect - time.time() + 0.1)
+        assert _chat(gateway, key["key"]).status_code == 200
+        records = await _records(money_settings.database_url, f"key_id = '{key['id']}'", expect=2)
+        # Before its moment the YAML's price (54); from then on 2*1 + 5*5 = 27.
+        assert [cost for _, cost, *_ in records] == [REAL_COST, 2 * 1 + 5 * 5]
+        listed = _admin(money_settings, gateway, "GET", "/admin/prices", params={"model": "echo"})
+        assert dt.datetime.fromisoformat(listed["data"][0]["effective_from"]) == later
+    finally:
+        await execute_autocommit(money_settings.database_url, "DELETE FROM model_prices")
+
+
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[str]:
     """A Redis of this test alone: FLUSHALL on the shared one would hit other suites."""
@@ -246,6 +281,60 @@ async def test_after_flushall_a_spent_budget_still_refuses(
         assert info["budget"]["spend_micros"] == 2 * REAL_COST
         assert info["budget"]["remaining"] == pytest.approx((budget - 2 * REAL_COST) / 1e6)
         assert info["budget"]["period_start"] == dt.datetime.now(dt.UTC).date().isoformat()
+    finally:
+        server.stop()
+
+
+async def test_after_flushall_a_spent_team_budget_still_refuses(
+    money_settings: Settings, private_redis: str
+) -> None:
+    """The team's counters are re-seeded from PostgreSQL too, not only the key's: the keys
+    have no budget of their own, so only the team's re-seeded spend can refuse."""
+    settings = dataclasses.replace(money_settings, redis_url=private_redis)
+    budget = 2 * REAL_COST + RESERVED - 1
+    server = ServerThread(create_app(settings)).start()
+    try:
+        team = _admin(
+            settings,
+            server.url,
+            "POST",
+            "/admin/teams",
+            json={
+                "name": f"f-{uuid.uuid4().hex[:6]}",
+                "max_budget": budget / 1e6,
+                "budget_period": "month",
+            },
+        )
+        keys = [
+            _admin(
+                settings,
+                server.url,
+                "POST",
+                "/admin/keys",
+                json={"name": f"f{i}", "team_id": team["id"]},
+            )["key"]
+            for i in range(2)
+        ]
+        outcomes = [_chat(server.url, keys[i % 2]).status_code for i in range(3)]
+        assert outcomes == [200, 200, 429]
+        await _records(settings.database_url, f"team_id = '{team['id']}'", expect=2)
+
+        client = redis.Redis.from_url(private_redis)
+        client.flushall()
+        client.close()
+
+        for key in keys:
+            refused = _chat(server.url, key)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"]["code"] == "insufficient_quota"
+            assert "team" in refused.json()["error"]["message"]
+        view = _admin(settings, server.url, "GET", f"/admin/teams/{team['id']}/usage")
+        assert view["budget"]["spend_micros"] == 2 * REAL_COST
+        info = _key_info(server.url, keys[0])
+        assert info["team_budget"]["spend_micros"] == 2 * REAL_COST
+        assert info["team_budget"]["period_start"] == (
+            dt.datetime.now(dt.UTC).date().replace(day=1).isoformat()
+        )
     finally:
         server.stop()
 
