@@ -144,8 +144,17 @@ def browser(playwright: Playwright) -> Iterator[Browser]:
 @pytest.fixture
 def context(browser: Browser, gateway_url: str) -> Iterator[BrowserContext]:
     context = browser.new_context(base_url=gateway_url, viewport={"width": 1280, "height": 900})
+    elsewhere: list[str] = []
+    context.on("request", lambda request: _note_foreign(request.url, gateway_url, elsewhere))
     yield context
     context.close()
+    # The UI works offline: no page asks anything of a CDN or any other host.
+    assert not elsewhere, f"the UI requested other hosts: {elsewhere}"
+
+
+def _note_foreign(url: str, gateway_url: str, elsewhere: list[str]) -> None:
+    if not url.startswith((f"{gateway_url}/", "data:", "blob:", "about:")):
+        elsewhere.append(url)
 
 
 @pytest.fixture
