@@ -3,11 +3,18 @@ paging, what a refused or accepted save shows."""
 
 from __future__ import annotations
 
+import csv
+import datetime as dt
+import io
 import re
+import uuid
 from typing import Any
 
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.db.usage import insert_usage
 
 Client = AsyncTestClient[Litestar]
 TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -158,3 +165,141 @@ async def test_a_bad_csv_filter_is_a_400_page(admin_client: Client) -> None:
         assert page.status_code == 400 and message in page.text
         assert page.headers["content-type"].startswith("text/html")
     assert (await admin_client.get("/ui/usage.csv")).status_code == 200
+
+
+def _requests_stat(page: Any) -> int:
+    found = re.search(r'stat-label">Requests</span><span class="stat-value">([\d,]+)<', page.text)
+    assert found, page.text
+    return int(found.group(1).replace(",", ""))
+
+
+async def test_usage_filters_by_key_model_and_dates(
+    admin_client: Client, db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    team = (await admin_client.post("/admin/teams", json={"name": "t"})).json()
+    a = await _key(admin_client, team_id=team["id"])
+    b = await _key(admin_client)
+    lead = await _key(admin_client, team_id=team["id"], role="team_admin")
+    today = dt.datetime.now(dt.UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    earlier = today - dt.timedelta(days=3)
+    rows = [
+        (a, team["id"], "m1", today, 100, 50),
+        (a, team["id"], "m2", today, 200, 0),
+        (a, team["id"], "m1", earlier, 300, 300),
+        (b, None, "m1", today, 10, 10),
+    ]
+    async with db_sessionmaker() as session, session.begin():
+        await insert_usage(
+            session,
+            [
+                {
+                    "request_id": uuid.uuid4().hex,
+                    "key_id": key["id"],
+                    "team_id": team_id,
+                    "model": model,
+                    "deployment": None,
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "status": "ok",
+                    "finish_reason": "stop",
+                    "latency_ms": 1.0,
+                    "ttft_ms": None,
+                    "started_at": when,
+                    "finished_at": when,
+                }
+                for key, team_id, model, when, prompt, completion in rows
+            ],
+        )
+    master = admin_client.headers["authorization"].split()[-1]
+    assert (await _sign_in(admin_client, master)).status_code == 303
+
+    async def csv_rows(**params: str) -> list[tuple[str, str, str, int]]:
+        response = await admin_client.get("/ui/usage.csv", params=params)
+        assert response.status_code == 200, response.text
+        lines = list(csv.DictReader(io.StringIO(response.text)))
+        return sorted((r["day"], r["key_id"], r["model"], int(r["total_tokens"])) for r in lines)
+
+    day, before = today.date().isoformat(), earlier.date().isoformat()
+    assert await csv_rows(key_id=a["id"]) == [
+        (before, a["id"], "m1", 600),
+        (day, a["id"], "m1", 150),
+        (day, a["id"], "m2", 200),
+    ]
+    assert await csv_rows(model="m2") == [(day, a["id"], "m2", 200)]
+    assert await csv_rows(key_id=a["id"], model="m1") == [
+        (before, a["id"], "m1", 600),
+        (day, a["id"], "m1", 150),
+    ]
+    assert await csv_rows(since=before, until=before) == [(before, a["id"], "m1", 600)]
+    # Sorted as csv_rows sorts: the two keys' ids are random.
+    assert await csv_rows(since=day) == sorted(
+        [(day, a["id"], "m1", 150), (day, a["id"], "m2", 200), (day, b["id"], "m1", 20)]
+    )
+    assert await csv_rows(team_id=team["id"], since=day, model="m1") == [(day, a["id"], "m1", 150)]
+    pages = [
+        ({}, 4),
+        ({"key_id": b["id"]}, 1),
+        ({"model": "m1"}, 3),
+        ({"since": before, "until": before}, 1),
+        ({"team_id": team["id"], "model": "m2"}, 1),
+    ]
+    for params, requests in pages:
+        page = await admin_client.get("/ui/usage", params=params)
+        assert page.status_code == 200 and _requests_stat(page) == requests, params
+
+    # A team admin's selection stays inside its team, whatever key or team it names.
+    admin_client.cookies.clear()
+    assert (await _sign_in(admin_client, lead["key"])).status_code == 303
+    assert await csv_rows(key_id=b["id"]) == []
+    assert len(await csv_rows(team_id=str(uuid.uuid4()))) == 3
+    page = await admin_client.get("/ui/usage", params={"key_id": b["id"]})
+    assert _requests_stat(page) == 0
+
+
+async def test_teams_are_created_and_deleted_from_the_ui_by_the_master_only(
+    admin_client: Client,
+) -> None:
+    master = admin_client.headers["authorization"].split()[-1]
+    assert (await _sign_in(admin_client, master)).status_code == 303
+    token = TOKEN.search((await admin_client.get("/ui/teams")).text).group(1)  # type: ignore[union-attr]
+    form = {"csrf_token": token, "name": "search", "rpm_limit": "40", "max_budget": "12.5"}
+    created = await admin_client.post("/ui/teams", data=form, follow_redirects=False)
+    assert created.status_code == 303 and created.headers["location"] == "/ui/teams?notice=created"
+    (team,) = (await admin_client.get("/admin/teams")).json()["data"]
+    assert (team["name"], team["rpm_limit"], team["max_budget"]) == ("search", 40, 12.5)
+    taken = await admin_client.post("/ui/teams", data=form)
+    assert taken.status_code == 409 and "exists already" in taken.text
+
+    lead = await _key(admin_client, team_id=team["id"], role="team_admin")
+    busy = await admin_client.post(f"/ui/teams/{team['id']}/delete", data={"csrf_token": token})
+    assert busy.status_code == 409 and "still has 1 keys" in busy.text
+
+    admin_client.cookies.clear()
+    assert (await _sign_in(admin_client, lead["key"])).status_code == 303
+    lead_token = TOKEN.search((await admin_client.get("/ui/teams")).text).group(1)  # type: ignore[union-attr]
+    refused = [
+        await admin_client.post("/ui/teams", data={**form, "csrf_token": lead_token, "name": "x"}),
+        await admin_client.post(f"/ui/teams/{team['id']}/delete", data={"csrf_token": lead_token}),
+        await admin_client.post(
+            f"/ui/teams/{team['id']}", data={"csrf_token": lead_token, "name": "mine now"}
+        ),
+    ]
+    assert [response.status_code for response in refused] == [403, 403, 403]
+    assert [t["name"] for t in (await admin_client.get("/admin/teams")).json()["data"]] == [
+        "search"
+    ]
+
+    moved = await admin_client.patch(
+        f"/admin/keys/{lead['id']}", json={"team_id": None, "role": "member"}
+    )
+    assert moved.status_code == 200, moved.text
+    admin_client.cookies.clear()
+    assert (await _sign_in(admin_client, master)).status_code == 303
+    token = TOKEN.search((await admin_client.get("/ui/teams")).text).group(1)  # type: ignore[union-attr]
+    deleted = await admin_client.post(
+        f"/ui/teams/{team['id']}/delete", data={"csrf_token": token}, follow_redirects=False
+    )
+    assert deleted.status_code == 303 and deleted.headers["location"] == "/ui/teams?notice=deleted"
+    assert (await admin_client.get(f"/admin/teams/{team['id']}")).status_code == 404
+    actions = [e["action"] for e in (await admin_client.get("/admin/audit")).json()["data"]]
+    assert actions[0] == "team.delete" and "team.create" in actions
