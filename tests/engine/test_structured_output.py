@@ -116,6 +116,38 @@ def test_a_schema_is_compiled_once(llm: LLM) -> None:
     assert llm.engine.grammars.submit(spec) is llm.engine.grammars.submit(spec)
 
 
+def test_grammars_never_take_a_token_the_text_leaves_out(llm: LLM) -> None:
+    """Special tokens are left out of the answer's text (``skip_special_tokens``), so a grammar
+    must not count one as characters: xgrammar read ``<pad>`` as five, and a string bound to
+    1..12 characters came back empty or short (bench/structured_output.py saw
+    ``"name": ""`` under ``minLength: 1``)."""
+    import xgrammar
+
+    tokenizer = llm.tokenizer
+    vocab_size = llm.engine.model.config.vocab_size
+    left_out = [
+        i
+        for i in tokenizer.hf.added_tokens_decoder
+        if i < vocab_size and tokenizer.decode([i]) == ""
+    ]
+    assert len(left_out) >= 3, "the test tokenizer has special tokens"
+    schema = {"type": "string", "minLength": 1, "maxLength": 12}
+    spec = llm.engine.grammar_spec(structured("json_schema", json_schema=json.dumps(schema)))
+    assert spec is not None
+    matcher = xgrammar.GrammarMatcher(llm.engine.grammars.compile(spec))
+    for token in tokenizer.hf.encode('"', add_special_tokens=False):
+        assert matcher.accept_token(token)
+    bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+    matcher.fill_next_token_bitmask(bitmask)
+
+    def allowed(token: int) -> bool:
+        return bool((int(bitmask[0, token // 32]) >> (token % 32)) & 1)
+
+    assert [t for t in left_out if allowed(t)] == []
+    (letter,) = tokenizer.hf.encode("a", add_special_tokens=False)
+    assert allowed(letter)
+
+
 def test_unconstrained_requests_pay_nothing(model_dirs: dict[str, Path]) -> None:
     llm = LLM(str(model_dirs["llama"]), num_kv_blocks=64)
     core = llm.engine
