@@ -152,11 +152,12 @@ class GrammarCompiler:
             if self._tokenizer_info is None:
                 import xgrammar
 
-                self._tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(
+                info = xgrammar.TokenizerInfo.from_huggingface(
                     self._hf_tokenizer,
                     vocab_size=self._vocab_size,
                     stop_token_ids=self._stop_token_ids,
                 )
+                self._tokenizer_info = _without_left_out_tokens(info, self._hf_tokenizer)
             return self._tokenizer_info
 
     def submit(self, spec: GrammarSpec) -> Future[xgrammar.CompiledGrammar]:
@@ -206,6 +207,36 @@ class GrammarCompiler:
             return compiler.compile_grammar(_grammar(spec))
         except (RuntimeError, ValueError, xgrammar.InvalidJSONError) as exc:
             raise ValueError(f"{_field_of(spec.kind)} does not compile: {exc}") from None
+
+
+def _without_left_out_tokens(info: xgrammar.TokenizerInfo, hf: Any) -> xgrammar.TokenizerInfo:
+    """``info`` with the special tokens the detokenizer leaves out of the text (it decodes with
+    ``skip_special_tokens``) as empty, which xgrammar never lets a grammar take. It reads them
+    as their literal text (``<|pad|>``), so a string bound to 1..8 characters could take one
+    and come back empty; stop tokens stay as they are (a grammar ends on them)."""
+    import xgrammar
+
+    stop = set(info.stop_token_ids)
+    vocab = list(info.decoded_vocab)
+    left_out = [
+        token
+        for token in hf.added_tokens_decoder
+        if token not in stop
+        and token < len(vocab)
+        and vocab[token]
+        and hf.decode([token], skip_special_tokens=True) == ""
+    ]
+    if not left_out:
+        return info
+    for token in left_out:
+        vocab[token] = b""
+    return xgrammar.TokenizerInfo(
+        vocab,
+        xgrammar.VocabType.RAW,
+        vocab_size=info.vocab_size,
+        stop_token_ids=info.stop_token_ids,
+        add_prefix_space=info.add_prefix_space,
+    )
 
 
 def _grammar(spec: GrammarSpec) -> Any:
