@@ -152,6 +152,14 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         )
         recorder = UsageRecorder(redis, settings)
         leases = LeaseBook(redis, settings, limiter, recorder)
+        services = Services(
+            settings=settings,
+            router=router,
+            limiter=limiter,
+            recorder=recorder,
+            redis=redis,
+            leases=leases,
+        )
         app.state.update(
             settings=settings,
             redis=redis,
@@ -161,14 +169,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             router=router,
             prices=prices,
             limiter=limiter,
-            services=Services(
-                settings=settings,
-                router=router,
-                limiter=limiter,
-                recorder=recorder,
-                redis=redis,
-                leases=leases,
-            ),
+            services=services,
         )
         metrics_server = serve_metrics(settings) if settings.metrics_port else None
         try:
@@ -184,6 +185,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         try:
             yield
         finally:
+            await _bounded("settlements", services.drain_settlements())
             await _bounded("lease book", leases.stop())
             if flusher is not None:
                 await _bounded("usage flusher", flusher.stop())

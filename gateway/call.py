@@ -180,7 +180,7 @@ class Call:
     async def _respond(self, content: bytes) -> Response[bytes]:
         generated = self.first_token_at or time.perf_counter()
         self.status = "ok"
-        await self.finish()
+        self.services.settle_soon(self.finish())
         ADDED_LATENCY.observe(
             (self.generation_started - self.started) + (time.perf_counter() - generated)
         )

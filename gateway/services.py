@@ -3,8 +3,10 @@ in the ASGI scope, and the guard that authenticates the key before the body is r
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +47,23 @@ class Services:
     redis: Redis
     started_at: int = field(default_factory=lambda: int(time.time()))
     leases: LeaseBook | None = None
+    settling: set[asyncio.Task[None]] = field(default_factory=set)
+    """Settlements of answered calls still under way (``settle_soon``)."""
+
+    def settle_soon(self, settlement: Coroutine[Any, Any, None]) -> None:
+        """Run a call's settlement beside its response instead of before it: the client has
+        its answer one Redis round trip sooner. The task starts on the event loop's next turn
+        and queues the settle to Redis ahead of any admission of a request this replica reads
+        afterwards, so a sequential client's next request finds its slot free. Crash-safe as
+        before: until the settle lands, the call's lease is renewed."""
+        task = asyncio.ensure_future(settlement)
+        self.settling.add(task)
+        task.add_done_callback(self.settling.discard)
+
+    async def drain_settlements(self) -> None:
+        """Wait for every settlement under way (shutdown, before the lease book stops)."""
+        while self.settling:
+            await asyncio.gather(*self.settling, return_exceptions=True)
 
 
 async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:

@@ -125,6 +125,22 @@ async def test_parallel_request_limit(gateway: str, make_key: Callable[..., str]
     assert outcomes == ["ok", "ok", "requests", "requests"]
 
 
+def test_a_sequential_client_never_meets_its_own_slot(
+    gateway: str, make_key: Callable[..., str]
+) -> None:
+    """A call settles beside its response, not before it: the next request of a client that
+    waits for each answer must still find its one slot free."""
+    key = make_key(max_parallel_requests=1)
+    statuses = []
+    with httpx.Client(headers={"authorization": f"Bearer {key}"}, timeout=10) as client:
+        for _ in range(60):
+            response = client.post(
+                f"{gateway}/v1/chat/completions", json={"model": "echo", "messages": HI}
+            )
+            statuses.append(response.status_code)
+    assert statuses == [200] * 60
+
+
 def test_redis_down_is_a_prompt_503(api_settings: Settings, make_key: Callable[..., str]) -> None:
     key = make_key()
     settings = dataclasses.replace(
