@@ -97,6 +97,8 @@ class EngineCore:
         self._in_flight: _Launched | None = None
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
+        self.step_time_s = 0.0
+        """Recent step duration (EWMA, the latest weighing 0.2; 0 until a step completed)."""
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -227,8 +229,10 @@ class EngineCore:
         detokenized) while this one runs, and its deltas are returned. A step that forked
         choices, or any live grammar-guided request (whose next mask needs the token just
         sampled), completes before the next one is scheduled."""
+        began = time.perf_counter()
         deltas: list[RequestDelta] = []
         previous, self._in_flight = self._in_flight, None
+        completes = previous is not None
         if previous is not None and self._num_guided:
             deltas += self._complete(previous)
             previous = None
@@ -241,6 +245,10 @@ class EngineCore:
                 self._in_flight = launched
             else:
                 deltas += self._complete(launched)
+                completes = True
+        if completes:  # a call that waited for a step on the device lasts about one step
+            elapsed = time.perf_counter() - began
+            self.step_time_s += (elapsed - self.step_time_s) * (0.2 if self.step_time_s else 1)
         return deltas
 
     def _launch(self, output: SchedulerOutput) -> _Launched:
@@ -405,4 +413,5 @@ class EngineCore:
         stats["kv_block_size"] = self.options.block_size
         stats["num_generated_tokens"] = self.num_generated_tokens
         stats["thinking"] = self.reasoning
+        stats["step_time_s"] = self.step_time_s
         return stats

@@ -18,7 +18,6 @@ always finishes.
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +26,7 @@ import numpy as np
 from engine.block_manager import BlockManager, blocks_for
 from engine.config import SchedulerConfig
 from engine.sequence import Sequence, SequenceStatus
+from engine.waiting_queue import WaitingQueue
 
 # Stands in ``Sequence.token_ids`` for a token sampled by a step still running on the device
 # (between ``Scheduler.advance`` and ``Scheduler.record``).
@@ -90,7 +90,7 @@ class Scheduler:
         self.block_manager = BlockManager(
             config.num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue(config.block_size)
         # Admission order, oldest first: the preemption victim is always the last one.
         self.running: list[Sequence] = []
         self._live: dict[str, Sequence] = {}
@@ -378,6 +378,8 @@ class Scheduler:
     def stats(self) -> dict[str, Any]:
         """Engine-level counters; prefix-cache queries and hits are counted in tokens."""
         manager = self.block_manager
+        last = self.running[-1] if self.running else None
+        prefill_left = last.num_tokens - last.num_computed_tokens if last else 0
         return {
             "kv_blocks_total": manager.num_blocks,
             "kv_blocks_used": manager.num_used_blocks,
@@ -385,9 +387,15 @@ class Scheduler:
             "peak_kv_utilization": self.peak_kv_utilization,
             "num_running": self.num_running,
             "num_waiting": self.num_waiting,
-            # When the head of the queue arrived (monotonic): how long a new request would at
-            # least wait, for the gateway's spill-over.
+            # What a new request's wait is estimated from (engine.worker.queue_estimate): the
+            # queue head's arrival (monotonic), what the queue and a prompt mid-prefill (only
+            # the youngest running sequence can be) must compute, and one step's limits.
             "oldest_waiting_arrival": self.waiting[0].arrival_time if self.waiting else None,
+            "waiting_tokens": self.waiting.num_tokens,
+            "waiting_blocks": self.waiting.num_blocks,
+            "prefill_tokens_running": prefill_left if prefill_left > 1 else 0,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "num_preemptions": self.num_preemptions,
             "prefix_cache_queries": manager.prefix_cache_queries,
             "prefix_cache_hits": manager.prefix_cache_hits,

@@ -102,6 +102,9 @@ def check_invariants(scheduler: Scheduler, in_flight: SchedulerOutput | None = N
     for seq in scheduler.waiting:
         assert seq.status is SequenceStatus.WAITING
         assert seq.block_table == [] and seq.num_computed_tokens == 0
+    # The queue's running sums are what a pass over it would find.
+    assert scheduler.waiting.num_tokens == sum(seq.num_tokens for seq in scheduler.waiting)
+    assert scheduler.waiting.num_blocks == sum(-(-s.num_tokens // size) for s in scheduler.waiting)
     assert len(scheduler.running) <= scheduler.config.max_num_seqs
     # Each running sequence holds its own batch row; nobody else holds one.
     rows = [seq.batch_row for seq in scheduler.running]
@@ -499,11 +502,39 @@ def test_stats_report_usage_and_peak_utilization() -> None:
         "prefix_cache_queries": 6,
         "prefix_cache_hits": 0,
         "oldest_waiting_arrival": None,
+        "waiting_tokens": 0,
+        "waiting_blocks": 0,
+        "prefill_tokens_running": 0,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 64,
     }
     step(scheduler)
     step(scheduler)
     assert scheduler.stats()["peak_kv_utilization"] == 7 / 8
     assert scheduler.stats()["kv_blocks_used"] == 0
+
+
+def test_stats_report_the_work_ahead_of_a_new_request() -> None:
+    scheduler = make_scheduler(block_size=4, max_num_seqs=1, max_num_batched_tokens=8)
+    long, a, b = make_seq("long", [1] * 20), make_seq("a", [2] * 6), make_seq("b", [3] * 9)
+    for seq in (long, a, b):
+        scheduler.add(seq)
+    stats = scheduler.stats()
+    assert stats["waiting_tokens"] == 35 and stats["waiting_blocks"] == 5 + 2 + 3
+    assert stats["oldest_waiting_arrival"] == long.arrival_time
+    assert stats["prefill_tokens_running"] == 0
+    step(scheduler)  # "long" admitted, 8 of its 20 prompt tokens computed
+    stats = scheduler.stats()
+    assert (stats["waiting_tokens"], stats["waiting_blocks"]) == (15, 5)
+    assert stats["prefill_tokens_running"] == 12
+    assert stats["oldest_waiting_arrival"] == a.arrival_time
+    step(scheduler)
+    step(scheduler)  # the prompt is in: decoding leaves nothing to prefill
+    assert scheduler.stats()["prefill_tokens_running"] == 0
+    scheduler.abort("b")
+    assert (scheduler.stats()["waiting_tokens"], scheduler.stats()["waiting_blocks"]) == (6, 2)
+    assert scheduler.stats()["max_num_seqs"] == 1
+    assert scheduler.stats()["max_num_batched_tokens"] == 8
 
 
 # -- randomised -------------------------------------------------------------------------------
