@@ -333,8 +333,12 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     thinking: bool = False
     """The checkpoint's chat template has a thinking mode (``<think>`` blocks)."""
     queue_ms: float = 0.0
-    """How long the oldest request waiting for its first step had waited at ``time`` (0: no
-    queue), so a gateway can send a burst's excess elsewhere (spill-over)."""
+    """How long a request arriving at ``time`` would wait for its first token, estimated from
+    the requests ahead of it against free running slots, free KV blocks and the recent finish
+    rate, from the prompt tokens ahead against the step budget and the recent step time, and
+    never less than the queue's head had waited (``engine.worker.queue_estimate``; 0: no
+    queue, a slot and KV room free), so a gateway can send a burst's excess elsewhere
+    (spill-over). Older workers sent the head's wait alone; it reads the same way."""
     v: int = msgspec.field(default_factory=_version)
 
 

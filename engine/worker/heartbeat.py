@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from engine import protocol
 from engine.metrics import WorkerMetrics
 from engine.worker.options import WORKER_VERSION, WorkerOptions
+from engine.worker.queue_estimate import FINISH_WINDOW_S, QueueState, queue_ms
 from engine.worker.serving import Server
 from engine.worker_liveness import LivenessThread
 
@@ -61,11 +63,9 @@ class Heartbeats:
         total = int(stats.get("kv_blocks_total", 0) or 0)
         used = int(stats.get("kv_blocks_used", 0) or 0)
         now = time.monotonic()
-        per_second = self.server.tokens_per_second
-        recent = int(now) - 5
-        for second in [s for s in per_second if s < recent]:
-            del per_second[second]
-        tokens = sum(per_second.values())
+        finishes = _recent(self.server.finished_per_second, now)
+        seat_s = _recent(self.server.seat_ms, now) / 1000 / finishes if finishes else 0.0
+        load = queue_state(stats, finishes / FINISH_WINDOW_S, now, seat_s)
         return protocol.Heartbeat(
             worker_id=self.options.worker_id,
             model=self.options.model_name,
@@ -77,17 +77,46 @@ class Heartbeats:
             kv_blocks_total=total,
             kv_blocks_used=used,
             kv_usage=used / total if total else 0.0,
-            tokens_per_s=tokens / 5.0,
+            tokens_per_s=_recent(self.server.tokens_per_second, now) / FINISH_WINDOW_S,
             max_model_len=int(stats.get("max_model_len", 0) or 0),
             block_size=int(stats.get("kv_block_size", 16) or 16),
             draining=self.draining(),
-            queue_ms=_queue_ms(stats.get("oldest_waiting_arrival")),
+            queue_ms=queue_ms(load),
             thinking=bool(stats.get("thinking")),
         )
 
 
-def _queue_ms(oldest_arrival: float | None) -> float:
-    """Milliseconds the head of the engine's queue has waited (0 with no queue)."""
-    if oldest_arrival is None:
-        return 0.0
-    return max(0.0, (time.monotonic() - oldest_arrival) * 1000)
+def _recent(per_second: Counter[int], now: float) -> int:
+    """The count over the last ``FINISH_WINDOW_S`` seconds; older seconds are dropped."""
+    recent = int(now) - int(FINISH_WINDOW_S)
+    for second in [s for s in per_second if s < recent]:
+        del per_second[second]
+    return sum(per_second.values())
+
+
+def queue_state(
+    stats: Mapping[str, Any], finishes_per_s: float, now: float, seat_time_s: float = 0.0
+) -> QueueState:
+    """The engine's stats (``AsyncEngine.stats()``) and the recent finishes (rate, mean time
+    in a running slot) as the queue estimate's inputs; ``now`` is ``time.monotonic()``.
+    Requests not in the scheduler yet queue ahead of a new one too (their prompts are not
+    counted: they are not tokenized or not handed over yet)."""
+
+    def number(key: str) -> int:
+        return int(stats.get(key, 0) or 0)
+
+    oldest = stats.get("oldest_waiting_arrival")
+    return QueueState(
+        num_running=number("num_running"),
+        num_waiting=number("num_waiting") + number("num_pending"),
+        max_num_seqs=number("max_num_seqs"),
+        kv_blocks_total=number("kv_blocks_total"),
+        kv_blocks_used=number("kv_blocks_used"),
+        waiting_blocks=number("waiting_blocks"),
+        prefill_tokens=number("waiting_tokens") + number("prefill_tokens_running"),
+        token_budget=number("max_num_batched_tokens"),
+        step_time_s=float(stats.get("step_time_s", 0.0) or 0.0),
+        finishes_per_s=finishes_per_s,
+        seat_time_s=seat_time_s,
+        head_age_s=max(0.0, now - oldest) if oldest is not None else 0.0,
+    )

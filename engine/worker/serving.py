@@ -71,6 +71,10 @@ class Server:
         self.in_flight: dict[str, InFlight] = {}
         self.tokens_per_second: collections.Counter[int] = collections.Counter()
         """Generated tokens by whole second, for the heartbeat's tokens/s over the last 5 s."""
+        self.finished_per_second: collections.Counter[int] = collections.Counter()
+        """Choices (sequences) that finished by whole second: the rate seats free up at."""
+        self.seat_ms: collections.Counter[int] = collections.Counter()
+        """By the same seconds, the milliseconds those choices held a running slot, in all."""
 
     def start(self, item: InFlight) -> None:
         rid = item.request.request_id
@@ -153,6 +157,8 @@ class Server:
         elif output.num_prompt_tokens > 0:
             item.prompt_tokens = output.num_prompt_tokens
         item.completion_tokens += len(token_ids)
+        if finish_reason is not None:
+            self._count_finish(output, now)
         if finish_reason is not None or now - item.produced_at >= _PRODUCED_EVERY_S:
             item.produced_at = now
             self._note_produced(item, done=finish_reason is not None)
@@ -202,6 +208,13 @@ class Server:
             self._finish(item, delta, started)
         else:
             self.writer.put(Write(item.request.reply_key(), delta, item.batchable, started))
+
+    def _count_finish(self, output: RequestDelta, now: float) -> None:
+        self.finished_per_second[int(now)] += 1
+        timings = output.timings
+        if timings is not None and timings.first_scheduled is not None:
+            held_s = max(0.0, timings.finished - timings.first_scheduled)
+            self.seat_ms[int(now)] += round(held_s * 1000)
 
     def _finish(
         self, item: InFlight, delta: protocol.Delta | None, started: str | None = None

@@ -196,7 +196,7 @@ async def test_an_answered_entry_is_not_taken_over_while_its_ack_lags(llama_dir:
     try:
         with _proxy() as proxy:
             async with _worker(llama_dir, model, proxy.url) as worker:
-                harness = WorkerHarness(direct, model, worker.engine)
+                harness = WorkerHarness(direct, model, worker.engine, worker)
                 request = _request(model, max_tokens=48)
                 await harness.send(request)
                 await _eventually(lambda: bool(worker.in_flight))
@@ -228,7 +228,7 @@ async def test_a_duplicate_entry_is_acked_and_never_fails_the_live_stream(
     stream = protocol.request_stream(model)
     try:
         async with _worker(llama_dir, model, REDIS_URL) as worker:
-            harness = WorkerHarness(direct, model, worker.engine)
+            harness = WorkerHarness(direct, model, worker.engine, worker)
             # Long enough to still be in flight when the copy arrives (the tiny model makes
             # 32 tokens between two of _eventually's looks).
             request = _request(model, max_tokens=512)

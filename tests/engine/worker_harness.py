@@ -19,10 +19,13 @@ REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 class WorkerHarness:
-    def __init__(self, redis: aioredis.Redis, model: str, engine: AsyncEngine) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, model: str, engine: AsyncEngine, worker: Worker
+    ) -> None:
         self.redis = redis
         self.model = model
         self.engine = engine
+        self.worker = worker
 
     async def send(self, request: protocol.Request) -> None:
         await self.redis.xadd(
@@ -72,7 +75,7 @@ async def running_worker(model_dir: Path, **engine_options: Any) -> AsyncIterato
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        yield WorkerHarness(redis, model, engine)
+        yield WorkerHarness(redis, model, engine, worker)
     finally:
         stop.set()
         await task
