@@ -103,8 +103,10 @@ class EngineWorkers:
         return {}
 
     async def queue_ms(self) -> float:
-        """How long a new request would wait for its first step: the shortest queue among the
-        live workers (a heartbeat's queue keeps ageing until the next one)."""
+        """How long a new request would wait for its first token: the least of the live
+        workers' estimates (``Heartbeat.queue_ms``). Where requests were waiting, a heartbeat's
+        estimate keeps ageing until the next one (its queue's head waits on); where none were
+        (full slots, a prompt mid-prefill) it stands as sent."""
         try:
             workers = await self.live_workers()
         except (RedisError, OSError, TimeoutError):
@@ -112,7 +114,7 @@ class EngineWorkers:
         now = time.time()
         return min(
             (
-                beat.queue_ms + max(0.0, now - beat.time) * 1000 if beat.queue_ms else 0.0
+                beat.queue_ms + (max(0.0, now - beat.time) * 1000 if beat.num_waiting else 0.0)
                 for beat in workers.values()
             ),
             default=0.0,
