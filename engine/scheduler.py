@@ -395,6 +395,7 @@ class Scheduler:
             "waiting_blocks": self.waiting.num_blocks,
             "prefill_tokens_running": prefill_left if prefill_left > 1 else 0,
             "max_num_seqs": self.config.max_num_seqs,
+            "max_model_len": self.config.max_model_len,
             "max_num_batched_tokens": self.config.max_num_batched_tokens,
             "num_preemptions": self.num_preemptions,
             "prefix_cache_queries": manager.prefix_cache_queries,

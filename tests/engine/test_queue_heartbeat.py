@@ -38,6 +38,7 @@ async def test_a_burst_reads_long_before_its_head_has_waited(llama_dir: Path) ->
         assert stats["step_time_s"] > 0 and stats["max_num_seqs"] == 1
         assert (stats["waiting_tokens"], stats["waiting_blocks"]) == (0, 0)
         assert worker.heartbeat().queue_ms == 0.0  # idle: no queue, a seat free
+        assert worker.heartbeat().max_model_len == stats["max_model_len"] > 0
 
         for _ in range(4):
             request = protocol.Request(uuid.uuid4().hex, "m", sampling, prompt_token_ids=PROMPT)

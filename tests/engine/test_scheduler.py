@@ -507,6 +507,7 @@ def test_stats_report_usage_and_peak_utilization() -> None:
         "prefill_tokens_running": 0,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 64,
+        "max_model_len": 256,
     }
     step(scheduler)
     step(scheduler)
