@@ -39,14 +39,16 @@ import msgspec
 DEMO_MODEL_NAME = "sluicegate-demo"
 """The demo model's served name: ``sluicegate up`` builds and announces it, workers serve it."""
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """2: a worker may pack the replies of one step for one reply stream into a ``Batch``; it does
 so only for requests whose ``v`` is at least 2, so version-1 gateways keep getting single
 messages.
 3: tools, structured output, logprobs, ``n`` choices and reasoning text; every new field has a
 default, so a version-2 request is a valid version-3 request.
 4: ``v`` is always on the wire (before, it was omitted when it equalled the writer's version,
-so a reader took every such message for its own version and version gating did nothing)."""
+so a reader took every such message for its own version and version gating did nothing).
+5: ``Delta.produced``, the request's output tokens so far, so a reaper can bill a dead gateway
+replica's stream from the deltas it had read (a default: older readers ignore it)."""
 BATCH_VERSION = 2
 LEGACY_VERSION = 1
 """What a message without ``v`` reads as: its writer predates version 4 and could be any
@@ -285,6 +287,11 @@ class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
     tool_calls: list[ToolCallDelta] = msgspec.field(default_factory=list)
     logprobs: list[TokenLogprob] = msgspec.field(default_factory=list)
     """One per token of this delta's content (and reasoning)."""
+    produced: int = 0
+    """Output tokens of the whole request up to and including this delta: every choice's, and
+    the ``resume_token_ids`` an earlier attempt streamed. A reaper bills a dead gateway
+    replica's stream by the latest one it had read (``gateway.lease_reaper``); 0 from a worker
+    before version 5."""
     v: int = msgspec.field(default_factory=_version)
 
 

@@ -195,6 +195,7 @@ class Server:
             tool_calls=list(tool_calls),
             logprobs=logprobs,
             stop_sequence=output.stop_sequence,
+            produced=len(item.request.resume_token_ids or ()) + item.completion_tokens,
         )
         item.seq += 1
         # "Started" means the client may have been shown text: from then on the request
