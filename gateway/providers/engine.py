@@ -86,6 +86,11 @@ class EngineProvider:
         self._watch = LivenessWatch(self._redis, model, settings, self.workers)
         self._background: set[asyncio.Task[Any]] = set()
 
+    @property
+    def reply_stream(self) -> str:
+        """Where this provider's replies come back (``Lease.reply_to``)."""
+        return self._replies.stream
+
     # ---- workers (engine_workers.py) -------------------------------------------------------
 
     async def live_workers(self) -> dict[str, protocol.Heartbeat]:
