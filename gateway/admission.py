@@ -120,6 +120,7 @@ async def admit(
                     model=body.model,
                     prompt_estimate=prompt_estimate,
                     started_at=time.time() - (time.perf_counter() - state["started"]),
+                    max_completion=max_tokens * body.sampling.n,
                 )
             admission = await services.limiter.admit(
                 key,

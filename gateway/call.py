@@ -152,6 +152,10 @@ class Call:
                 delivered_tokens=self.delivered_tokens,
                 first_token=self.first_token_at is not None,
                 deployment=self.deployment.name if self.deployment else None,
+                # Our engines' provider names its reply stream (a reaper reads how far).
+                reply_to=getattr(self.deployment.provider, "reply_stream", "")
+                if self.deployment
+                else "",
             )
 
     # ---- answering -------------------------------------------------------------------------

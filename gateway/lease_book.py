@@ -94,7 +94,13 @@ class LeaseBook:
     # ---- this replica's leases -------------------------------------------------------------
 
     async def draft(
-        self, key: KeyLimits, *, model: str, prompt_estimate: int, started_at: float
+        self,
+        key: KeyLimits,
+        *,
+        model: str,
+        prompt_estimate: int,
+        started_at: float,
+        max_completion: int = 0,
     ) -> LeaseDraft:
         """The lease the admission of a request of ``key`` will store. The first time this
         replica uses the key's hash, it names it in its set first, so a reaper finds it."""
@@ -103,7 +109,7 @@ class LeaseBook:
             async with self._naming:
                 await self._name_hashes([hash_key])
         self._hashes[hash_key] = time.monotonic()
-        return LeaseDraft(hash_key, model, prompt_estimate, started_at)
+        return LeaseDraft(hash_key, model, prompt_estimate, started_at, max_completion)
 
     async def opened(self, draft: LeaseDraft, admission: Admission) -> None:
         """The admission stored the lease: renewals carry it from now on."""
@@ -156,6 +162,7 @@ class LeaseBook:
         delivered_tokens: int,
         first_token: bool,
         deployment: str | None,
+        reply_to: str = "",
     ) -> None:
         lease = self._leases.get(request_id)
         if lease is None:
@@ -164,6 +171,7 @@ class LeaseBook:
             lease.prompt_tokens = prompt_tokens
         lease.delivered_tokens = delivered_tokens
         lease.deployment = deployment or lease.deployment
+        lease.reply_to = reply_to or lease.reply_to
         if first_token and not lease.first_token:
             # From now on the request is billed if this replica dies: store that at once.
             lease.first_token = True

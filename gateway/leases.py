@@ -128,6 +128,11 @@ class Lease(msgspec.Struct, kw_only=True, omit_defaults=True):
     deployment: str | None = None
     renewed_at: float = 0.0
     booked: str = ""
+    reply_to: str = ""
+    """The engine reply stream the request's deltas come back on (empty: not an engine
+    request, or none relayed yet): a reaper bills what the replica had read of it."""
+    max_completion: int = 0
+    """The most completion tokens the request may generate (max_tokens times n; 0: unknown)."""
 
     def admission(self) -> Admission:
         return Admission(
@@ -175,6 +180,7 @@ class LeaseDraft:
     model: str
     prompt_estimate: int
     started_at: float
+    max_completion: int = 0
     lease: Lease | None = field(default=None)
 
     def encode(self, admission: Admission) -> bytes:
@@ -191,6 +197,7 @@ class LeaseDraft:
             started_at=self.started_at,
             prompt_tokens=self.prompt_estimate,
             renewed_at=time.time(),
+            max_completion=self.max_completion,
         )
         return encoder.encode(self.lease)
 

@@ -3,9 +3,9 @@
 Two gateway processes share Redis, PostgreSQL and the usage stream; a real worker serves.
 The stream runs on replica A, which is killed once the client has seen text. Within
 ``lease_s + 5`` seconds replica B's reaper has written the usage row (the prompt once, and
-the tokens A had relayed by its last lease write, not the ones the worker went on generating
-until the reaper's Cancel landed: see gateway.lease_reaper), freed the key's concurrency slot
-and given back the unused reservation.
+the tokens A had read of its reply stream, at least what the client received, not the ones
+the worker went on generating until the reaper's Cancel landed: see gateway.lease_reaper),
+freed the key's concurrency slot and given back the unused reservation.
 """
 
 from __future__ import annotations
@@ -68,6 +68,24 @@ def _stream_until_text(
     return response.headers["x-request-id"], text, (response, lines)
 
 
+def _rest_of(lines: Iterator[str]) -> str:
+    """The text of the events the killed gateway had sent: the client received them too."""
+    text = ""
+    try:
+        for line in lines:
+            if not line.startswith("data: {"):
+                continue
+            try:
+                event = json.loads(line[6:])
+            except json.JSONDecodeError:
+                break  # an event cut by the kill
+            for choice in event.get("choices", []):
+                text += choice["delta"].get("content") or ""
+    except httpx.HTTPError:
+        pass  # the connection ended with the process
+    return text
+
+
 def test_killed_gateways_stream_is_settled_by_the_survivor(
     cluster: Any,
     e2e_database_url: str,
@@ -92,6 +110,7 @@ def test_killed_gateways_stream_is_settled_by_the_survivor(
     request_id, seen, open_stream = _stream_until_text(victim_url, key, model)
     victim.stop(signal.SIGKILL)
     killed_at = time.monotonic()
+    received = seen + _rest_of(open_stream[1])
 
     rows: list[dict[str, Any]] = []
 
@@ -109,8 +128,9 @@ def test_killed_gateways_stream_is_settled_by_the_survivor(
     want = reference.chat(PROMPT, MAX_TOKENS)
     (row,) = rows
     assert row["prompt_tokens"] == len(want.prompt_token_ids)
-    # Billed: what A relayed by its last lease write, which came before the kill; the worker,
-    # not told for lease_s and more, produced further tokens that nobody received.
+    # Billed: what A had read of its reply stream when it died, which is at least what its
+    # client received; the worker, not told for lease_s and more, produced further tokens that
+    # nobody received.
     client = redis.Redis.from_url(redis_url)
     try:
         produced = int(client.hget(protocol.produced_key(request_id), "n") or 0)
@@ -119,6 +139,7 @@ def test_killed_gateways_stream_is_settled_by_the_survivor(
     assert row["completion_tokens"] <= MAX_TOKENS, (row, took)
     assert row["completion_tokens"] < produced, (row, produced, took)
     assert reference.tokens_shown(want, seen) > 0
+    assert row["completion_tokens"] >= reference.tokens_shown(want, received), (row, received)
     assert row["status"] == "error"
 
     client = redis.Redis.from_url(redis_url)

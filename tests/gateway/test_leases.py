@@ -18,6 +18,7 @@ from gateway.lease_book import LeaseBook
 from gateway.leases import lease_hashes_key
 from gateway.limit_scripts import EPOCH_TTL_S
 from gateway.limits import Admission, RateLimiter
+from gateway.providers.engine_replies import ReplyQueue, ReplyReader
 from gateway.settings import Settings
 from gateway.usage import UsageEvent, UsageRecorder
 from tests.gateway.key_records import key_record
@@ -64,8 +65,14 @@ class Replicas:
         await asyncio.sleep(book.lease_s)
         return book
 
-    async def admit(self, book: LeaseBook, tokens: int = 50) -> Admission:
-        draft = await book.draft(self.key, model="m", prompt_estimate=5, started_at=time.time())
+    async def admit(self, book: LeaseBook, tokens: int = 50, max_completion: int = 0) -> Admission:
+        draft = await book.draft(
+            self.key,
+            model="m",
+            prompt_estimate=5,
+            started_at=time.time(),
+            max_completion=max_completion,
+        )
         request_id = uuid.uuid4().hex
         admission = await self.limiter.admit(
             self.key, request_id, tokens, prompt_tokens=5, lease=draft
@@ -282,3 +289,197 @@ async def test_a_reaped_stream_is_billed_what_reached_its_client_not_what_the_en
     finally:
         await cancels.aclose()
         await replicas.redis.delete(produced)
+
+
+# ---- billed up to what the dead replica had read -------------------------------------------
+
+
+def _delta(request_id: str, produced: int, seq: int = 0) -> protocol.Delta:
+    return protocol.Delta(
+        request_id, seq, text=f"t{produced}", token_ids=[produced], produced=produced
+    )
+
+
+class ReplyStream:
+    """A replica's reply stream with its real reader, and a worker's writes to it."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self.name = protocol.reply_stream(f"gw-test-{uuid.uuid4().hex[:8]}")
+        self.reader = ReplyReader(redis, self.name, block_ms=100)
+
+    async def write(self, *deltas: protocol.Delta) -> None:
+        """One entry, as a worker writes one step's replies (a Batch when several)."""
+        message = protocol.Batch(list(deltas)) if len(deltas) > 1 else deltas[0]
+        await self.redis.xadd(self.name, {protocol.MESSAGE_FIELD: protocol.encode(message)})
+
+    async def received(self, queue: ReplyQueue, produced: int) -> None:
+        """Wait until the reader handed over the delta that brought the request to
+        ``produced``: it has read the entry holding it."""
+        while True:
+            delta = await asyncio.wait_for(queue.get(), 5)
+            if isinstance(delta, protocol.Delta) and delta.produced == produced:
+                return
+
+    async def close(self) -> None:
+        await self.reader.aclose()
+        await self.redis.delete(self.name)
+
+
+@pytest.fixture
+async def replies(redis: Redis) -> AsyncIterator[ReplyStream]:
+    stream = ReplyStream(redis)
+    yield stream
+    await stream.close()
+
+
+async def test_a_reaped_stream_is_billed_up_to_what_its_replica_had_read(
+    replicas: Replicas, replies: ReplyStream
+) -> None:
+    """The replica's last lease write said 2 tokens; it read on to the 6th (the last two in a
+    resumed attempt after a worker died, in a Batch with another request's delta) and died;
+    the worker wrote 4 more nobody read, and the engine's count is higher still. Billed: the
+    6 read, not the lease's 2, not the 10 written nor the engine's 50."""
+    victim = replicas.book()
+    streamed = await replicas.admit(victim, max_completion=64)
+    rid = streamed.request_id
+    queue = replies.reader.open(rid)
+    await replies.write(_delta(rid, 1, 0))
+    await replies.write(_delta(rid, 2, 1))
+    await replies.received(queue, 2)
+    victim.progress(
+        rid,
+        prompt_tokens=5,
+        delivered_tokens=2,
+        first_token=True,
+        deployment="d",
+        reply_to=replies.name,
+    )
+    await victim.renew()  # the lease's last write: 2 tokens
+    await replies.write(_delta(rid, 3, 2))
+    await replies.write(_delta(rid, 4, 3))
+    await replies.received(queue, 4)
+    resumed = protocol.attempt_id(rid, 1)
+    queue = replies.reader.open(resumed)
+    await replies.write(_delta(resumed, 5, 0), _delta("someone-else", 99))
+    await replies.write(_delta(resumed, 6, 1))
+    await replies.received(queue, 6)
+    await replies.reader.aclose()  # the replica dies: nothing more is read
+    for produced in range(7, 11):
+        await replies.write(_delta(resumed, produced, produced - 5))
+    engine = protocol.produced_key(rid)
+    await replicas.redis.hset(engine, mapping={"n": 50, "p": 12, "d": 0, "m": "lf-model"})
+    try:
+        await replicas.die(victim)
+        assert await (await replicas.reaper()).reap() == 1
+    finally:
+        await replicas.redis.delete(engine)
+    (event,) = await replicas.usage()
+    assert (event.prompt_tokens, event.completion_tokens) == (12, 6)
+    assert await replicas.budget_used() == 18
+
+
+async def test_a_reaped_stream_is_billed_at_most_its_max_tokens_and_never_below_its_lease(
+    replicas: Replicas, replies: ReplyStream
+) -> None:
+    victim = replicas.book()
+    capped = await replicas.admit(victim, max_completion=3)
+    ahead = await replicas.admit(victim, max_completion=64)
+    for admission in (capped, ahead):
+        queue = replies.reader.open(admission.request_id)
+        await replies.write(_delta(admission.request_id, 5))
+        await replies.received(queue, 5)
+    victim.progress(
+        capped.request_id, prompt_tokens=5, delivered_tokens=1, first_token=True,
+        deployment="d", reply_to=replies.name,
+    )  # fmt: skip
+    # A lease that counted more than the deltas say (a worker before Delta.produced, say).
+    victim.progress(
+        ahead.request_id, prompt_tokens=5, delivered_tokens=9, first_token=True,
+        deployment="d", reply_to=replies.name,
+    )  # fmt: skip
+    await victim.renew()
+    await replicas.die(victim)
+    assert await (await replicas.reaper()).reap() == 2
+    billed = {e.request_id: e.completion_tokens for e in await replicas.usage()}
+    assert billed == {capped.request_id: 3, ahead.request_id: 9}
+
+
+async def test_trimmed_deltas_fall_back_to_the_leases_count(
+    replicas: Replicas, replies: ReplyStream, caplog: pytest.LogCaptureFixture
+) -> None:
+    victim = replicas.book()
+    streamed = await replicas.admit(victim, max_completion=64)
+    rid = streamed.request_id
+    queue = replies.reader.open(rid)
+    for produced in range(1, 5):
+        await replies.write(_delta(rid, produced, produced - 1))
+    await replies.received(queue, 4)
+    victim.progress(
+        rid, prompt_tokens=5, delivered_tokens=3, first_token=True, deployment="d",
+        reply_to=replies.name,
+    )  # fmt: skip
+    await victim.renew()
+    other = replies.reader.open("someone-else")
+    await replies.write(_delta("someone-else", 1))
+    await replies.received(other, 1)
+    await replies.reader.aclose()
+    # MAXLEN trimmed the stream down to its last entry, another request's.
+    await replicas.redis.xtrim(replies.name, maxlen=1, approximate=False)
+    await replicas.die(victim)
+    with caplog.at_level("WARNING", logger="gateway.lease_reaper"):
+        assert await (await replicas.reaper()).reap() == 1
+    (event,) = await replicas.usage()
+    assert event.completion_tokens == 3
+    assert any(rid in r.getMessage() and "trimmed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_reply_stream_deleted_and_recreated_by_a_workers_reply(
+    replicas: Replicas, replies: ReplyStream
+) -> None:
+    """Workers let an idle reply stream expire; a later reply's XADD makes it again, without
+    the reader's group. The reader's next read answers NOGROUP: it makes the group again at
+    id 0, so it reads that reply too, and the reaper bills by the new group's position. A
+    stream recreated that the replica never read again has no group: the lease's count."""
+    victim = replicas.book()
+    read_again = await replicas.admit(victim, max_completion=64)
+    rid = read_again.request_id
+    queue = replies.reader.open(rid)
+    await replies.write(_delta(rid, 1, 0))
+    await replies.write(_delta(rid, 2, 1))
+    await replies.received(queue, 2)
+    victim.progress(
+        rid, prompt_tokens=5, delivered_tokens=1, first_token=True, deployment="d",
+        reply_to=replies.name,
+    )  # fmt: skip
+    await victim.renew()
+    await replicas.redis.delete(replies.name)  # expired
+    await replies.write(_delta(rid, 3, 2))  # a worker's reply creates it again
+    await replies.received(queue, 3)
+    groups = await replicas.redis.xinfo_groups(replies.name)
+    assert [g["name"] for g in groups] == [b"gateway"]
+    await replies.reader.aclose()
+
+    # A second replica's stream, recreated after it had read, never read again.
+    lost = ReplyStream(replicas.redis)
+    try:
+        victim_b = replicas.book()
+        unread = await replicas.admit(victim_b, max_completion=64)
+        queue_b = lost.reader.open(unread.request_id)
+        await lost.write(_delta(unread.request_id, 4))
+        await lost.received(queue_b, 4)
+        victim_b.progress(
+            unread.request_id, prompt_tokens=5, delivered_tokens=2, first_token=True,
+            deployment="d", reply_to=lost.name,
+        )  # fmt: skip
+        await victim_b.renew()
+        await lost.reader.aclose()
+        await replicas.redis.delete(lost.name)
+        await lost.write(_delta(unread.request_id, 7))
+        await replicas.die(victim)
+        await replicas.die(victim_b)
+        assert await (await replicas.reaper()).reap() == 2
+    finally:
+        await lost.close()
+    billed = {e.request_id: e.completion_tokens for e in await replicas.usage()}
+    assert billed == {rid: 3, unread.request_id: 2}
