@@ -17,7 +17,8 @@ Redis Cluster keeps a model's streams on one slot):
   the gateway routes a request to the worker that holds its prefix; a dead worker's stream is
   drained by the others
 - replies:    ``sg:reply:{<id>}``          a stream per request or per gateway replica (the
-  request's ``reply_to``), expires; field ``m`` = Delta | Error
+  request's ``reply_to``), expires; field ``m`` = Delta | Error | Batch; a gateway reads it
+  as the consumer group ``gateway`` (NOACK), whose last-delivered id says how far it read
 - started:    ``sg:{<model>}:started:<request_id>``  set before a request's first delta is
   written, so whoever claims a dead worker's request knows whether tokens already went out
 - cancels:    ``sg:{<model>}:cancels``    pub/sub channel; payload = Cancel
