@@ -30,15 +30,18 @@ def test_spans_follow_genai_conventions_and_keep_prompts_out(
         headers=headers,
     )
     assert response.status_code == 200
-    finished = [
-        s for s in span_exporter.get_finished_spans() if s.context.trace_id == int(TRACE_ID, 16)
-    ]
-    by_name = {s.name: s for s in finished}
-    assert set(by_name) == {
-        "POST /v1/chat/completions",
-        "gateway.auth_and_admission",
-        "chat echo",
-    }
+    expected = {"POST /v1/chat/completions", "gateway.auth_and_admission", "chat echo"}
+    # The call's span ends when it settles, which runs beside the response (call.py).
+    deadline = time.monotonic() + 5
+    while True:
+        finished = [
+            s for s in span_exporter.get_finished_spans() if s.context.trace_id == int(TRACE_ID, 16)
+        ]
+        by_name = {s.name: s for s in finished}
+        if set(by_name) == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert set(by_name) == expected
     server, client = by_name["POST /v1/chat/completions"], by_name["chat echo"]
     assert server.kind == SpanKind.SERVER
     assert server.attributes["http.response.status_code"] == 200

@@ -21,9 +21,6 @@ from gateway.db.usage import insert_usage
 from gateway.settings import Settings
 from gateway.usage import UsageEvent, UsageRecorder
 
-TODAY = dt.datetime.now(dt.UTC).replace(hour=12, minute=0, second=0, microsecond=0)
-YESTERDAY = TODAY - dt.timedelta(days=1)
-LAST_MONTH = TODAY.replace(day=1) - dt.timedelta(days=1)
 _ids = itertools.count()
 
 
@@ -72,6 +69,11 @@ def _totals(requests: int, prompt: int, completion: int) -> dict[str, int]:
 async def test_usage_grouped_filtered_and_budget(
     admin_client: AsyncTestClient[Litestar], db_sessionmaker: async_sessionmaker[AsyncSession]
 ) -> None:
+    # Taken when the test runs, not at import (a run that crosses midnight), and last month
+    # three days before this one starts, so that on the 1st it is not yesterday.
+    today = dt.datetime.now(dt.UTC).replace(hour=12, minute=0, second=0, microsecond=0)
+    yesterday = today - dt.timedelta(days=1)
+    last_month = today.replace(day=1) - dt.timedelta(days=3)
     a = await _key(admin_client, token_budget=1000, budget_period="day")
     b = await _key(admin_client, token_budget=10_000, budget_period="month")
     c = await _key(admin_client)
@@ -79,13 +81,13 @@ async def test_usage_grouped_filtered_and_budget(
         await insert_usage(
             session,
             [
-                _row(a, "m1", TODAY, 100, 50),
-                _row(a, "m2", TODAY, 200, 0),
-                _row(a, "m1", YESTERDAY, 300, 300),
-                _row(a, "m1", LAST_MONTH, 1, 1),
-                _row(b, "m1", TODAY, 10, 10),
-                _row(b, "m2", LAST_MONTH, 5, 5),
-                _row(c, "m1", LAST_MONTH, 7, 0),
+                _row(a, "m1", today, 100, 50),
+                _row(a, "m2", today, 200, 0),
+                _row(a, "m1", yesterday, 300, 300),
+                _row(a, "m1", last_month, 1, 1),
+                _row(b, "m1", today, 10, 10),
+                _row(b, "m2", last_month, 5, 5),
+                _row(c, "m1", last_month, 7, 0),
             ],
         )
 
@@ -107,17 +109,17 @@ async def test_usage_grouped_filtered_and_budget(
     assert by_key == {a: _totals(4, 601, 351), b: _totals(2, 15, 15), c: _totals(1, 7, 0)}
 
     recent = await _get(
-        admin_client, "/admin/usage", group_by="day", since=YESTERDAY.date().isoformat()
+        admin_client, "/admin/usage", group_by="day", since=yesterday.date().isoformat()
     )
     assert recent["data"] == [
-        {"day": YESTERDAY.date().isoformat(), **_totals(1, 300, 300)},
-        {"day": TODAY.date().isoformat(), **_totals(3, 310, 60)},
+        {"day": yesterday.date().isoformat(), **_totals(1, 300, 300)},
+        {"day": today.date().isoformat(), **_totals(3, 310, 60)},
     ]
     only_yesterday = await _get(
         admin_client,
         "/admin/usage",
-        since=YESTERDAY.date().isoformat(),
-        until=YESTERDAY.date().isoformat(),
+        since=yesterday.date().isoformat(),
+        until=yesterday.date().isoformat(),
     )
     assert only_yesterday["total"] == _totals(1, 300, 300)
     filtered = await _get(admin_client, "/admin/usage", key_id=a, model="m1")
@@ -130,7 +132,7 @@ async def test_usage_grouped_filtered_and_budget(
         "token_budget": 1000,
         "max_budget": None,
         "budget_period": "day",
-        "period_start": TODAY.date().isoformat(),
+        "period_start": today.date().isoformat(),
         "used_tokens": 350,
         "spend": 0.0,
         "spend_micros": 0,
@@ -138,7 +140,7 @@ async def test_usage_grouped_filtered_and_budget(
         "remaining": None,
     }
     b_budget = (await _get(admin_client, f"/admin/keys/{b}/usage"))["budget"]
-    assert b_budget["period_start"] == TODAY.date().replace(day=1).isoformat()
+    assert b_budget["period_start"] == today.date().replace(day=1).isoformat()
     assert (b_budget["used_tokens"], b_budget["remaining_tokens"]) == (20, 9980)
     c_budget = (await _get(admin_client, f"/admin/keys/{c}/usage"))["budget"]
     assert c_budget == {
