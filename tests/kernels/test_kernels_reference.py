@@ -38,6 +38,16 @@ def test_pure_decode_batch_matches_dense(make_paged_case, naive_attention) -> No
     torch.testing.assert_close(out.double(), naive_attention(case), atol=1e-5, rtol=1e-5)
 
 
+def test_decodes_in_length_groups_match_dense(make_paged_case, naive_attention) -> None:
+    # More decode requests than DECODE_GROUPS, unsorted, unevenly divisible, with a prefill
+    # between them: each group is padded to its own longest over NaN-filled unwritten slots.
+    specs = [(130, 1), (3, 1), (64, 1), (20, 20), (97, 1), (16, 1), (33, 1), (250, 1), (5, 1)]
+    case = make_paged_case(specs, 8, 2, 64, 16, seed=3)
+    out = reference.paged_attention(*case.args())
+    assert len(specs) - 1 > reference.DECODE_GROUPS
+    torch.testing.assert_close(out.double(), naive_attention(case), atol=1e-5, rtol=1e-5)
+
+
 def test_empty_batch_returns_empty() -> None:
     k_cache = torch.zeros(2, 16, 2, 64)
     out = reference.paged_attention(
