@@ -313,6 +313,13 @@ class ReplyStream:
         message = protocol.Batch(list(deltas)) if len(deltas) > 1 else deltas[0]
         await self.redis.xadd(self.name, {protocol.MESSAGE_FIELD: protocol.encode(message)})
 
+    def lease_write(self, replica: LeaseBook, request_id: str, delivered: int) -> None:
+        """What ``replica``'s next lease write says of a stream read from here."""
+        replica.progress(
+            request_id, prompt_tokens=5, delivered_tokens=delivered, first_token=True,
+            deployment="d", reply_to=self.name,
+        )  # fmt: skip
+
     async def received(self, queue: ReplyQueue, produced: int) -> None:
         """Wait until the reader handed over the delta that brought the request to
         ``produced``: it has read the entry holding it."""
@@ -347,14 +354,7 @@ async def test_a_reaped_stream_is_billed_up_to_what_its_replica_had_read(
     await replies.write(_delta(rid, 1, 0))
     await replies.write(_delta(rid, 2, 1))
     await replies.received(queue, 2)
-    victim.progress(
-        rid,
-        prompt_tokens=5,
-        delivered_tokens=2,
-        first_token=True,
-        deployment="d",
-        reply_to=replies.name,
-    )
+    replies.lease_write(victim, rid, 2)
     await victim.renew()  # the lease's last write: 2 tokens
     await replies.write(_delta(rid, 3, 2))
     await replies.write(_delta(rid, 4, 3))
@@ -389,15 +389,9 @@ async def test_a_reaped_stream_is_billed_at_most_its_max_tokens_and_never_below_
         queue = replies.reader.open(admission.request_id)
         await replies.write(_delta(admission.request_id, 5))
         await replies.received(queue, 5)
-    victim.progress(
-        capped.request_id, prompt_tokens=5, delivered_tokens=1, first_token=True,
-        deployment="d", reply_to=replies.name,
-    )  # fmt: skip
+    replies.lease_write(victim, capped.request_id, 1)
     # A lease that counted more than the deltas say (a worker before Delta.produced, say).
-    victim.progress(
-        ahead.request_id, prompt_tokens=5, delivered_tokens=9, first_token=True,
-        deployment="d", reply_to=replies.name,
-    )  # fmt: skip
+    replies.lease_write(victim, ahead.request_id, 9)
     await victim.renew()
     await replicas.die(victim)
     assert await (await replicas.reaper()).reap() == 2
@@ -415,10 +409,7 @@ async def test_trimmed_deltas_fall_back_to_the_leases_count(
     for produced in range(1, 5):
         await replies.write(_delta(rid, produced, produced - 1))
     await replies.received(queue, 4)
-    victim.progress(
-        rid, prompt_tokens=5, delivered_tokens=3, first_token=True, deployment="d",
-        reply_to=replies.name,
-    )  # fmt: skip
+    replies.lease_write(victim, rid, 3)
     await victim.renew()
     other = replies.reader.open("someone-else")
     await replies.write(_delta("someone-else", 1))
@@ -448,10 +439,7 @@ async def test_a_reply_stream_deleted_and_recreated_by_a_workers_reply(
     await replies.write(_delta(rid, 1, 0))
     await replies.write(_delta(rid, 2, 1))
     await replies.received(queue, 2)
-    victim.progress(
-        rid, prompt_tokens=5, delivered_tokens=1, first_token=True, deployment="d",
-        reply_to=replies.name,
-    )  # fmt: skip
+    replies.lease_write(victim, rid, 1)
     await victim.renew()
     await replicas.redis.delete(replies.name)  # expired
     await replies.write(_delta(rid, 3, 2))  # a worker's reply creates it again

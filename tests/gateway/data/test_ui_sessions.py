@@ -16,6 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.usage import insert_usage
 
+from .usage_rows import usage_row
+
 Client = AsyncTestClient[Litestar]
 TOKEN = re.compile(r'name="csrf_token" value="([^"]+)"')
 
@@ -192,21 +194,7 @@ async def test_usage_filters_by_key_model_and_dates(
         await insert_usage(
             session,
             [
-                {
-                    "request_id": uuid.uuid4().hex,
-                    "key_id": key["id"],
-                    "team_id": team_id,
-                    "model": model,
-                    "deployment": None,
-                    "prompt_tokens": prompt,
-                    "completion_tokens": completion,
-                    "status": "ok",
-                    "finish_reason": "stop",
-                    "latency_ms": 1.0,
-                    "ttft_ms": None,
-                    "started_at": when,
-                    "finished_at": when,
-                }
+                usage_row(key["id"], model, when, prompt, completion, team_id=team_id)
                 for key, team_id, model, when, prompt, completion in rows
             ],
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as dt
-import itertools
 import socket
 import time
 from pathlib import Path
@@ -21,26 +20,7 @@ from gateway.db.usage import insert_usage
 from gateway.settings import Settings
 from gateway.usage import UsageEvent, UsageRecorder
 
-_ids = itertools.count()
-
-
-def _row(
-    key_id: str, model: str, when: dt.datetime, prompt: int, completion: int
-) -> dict[str, Any]:
-    return {
-        "request_id": f"r{next(_ids)}",
-        "key_id": key_id,
-        "model": model,
-        "deployment": None,
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "status": "ok",
-        "finish_reason": "stop",
-        "latency_ms": 1.0,
-        "ttft_ms": None,
-        "started_at": when,
-        "finished_at": when,
-    }
+from .usage_rows import usage_row
 
 
 async def _key(client: AsyncTestClient[Litestar], **fields: Any) -> str:
@@ -81,13 +61,13 @@ async def test_usage_grouped_filtered_and_budget(
         await insert_usage(
             session,
             [
-                _row(a, "m1", today, 100, 50),
-                _row(a, "m2", today, 200, 0),
-                _row(a, "m1", yesterday, 300, 300),
-                _row(a, "m1", last_month, 1, 1),
-                _row(b, "m1", today, 10, 10),
-                _row(b, "m2", last_month, 5, 5),
-                _row(c, "m1", last_month, 7, 0),
+                usage_row(a, "m1", today, 100, 50),
+                usage_row(a, "m2", today, 200, 0),
+                usage_row(a, "m1", yesterday, 300, 300),
+                usage_row(a, "m1", last_month, 1, 1),
+                usage_row(b, "m1", today, 10, 10),
+                usage_row(b, "m2", last_month, 5, 5),
+                usage_row(c, "m1", last_month, 7, 0),
             ],
         )
 
