@@ -47,11 +47,12 @@ def test_a_sentinel_url_reaches_the_master(sentinel: SentinelPair) -> None:
         client.close()
 
 
-async def _answer_within(stack: Any, key: str, timeout_s: float) -> Any:
-    """The first 200 within ``timeout_s`` (a failover refuses requests for a moment)."""
+async def _answer_within(stack: Any, key: str, timeout_s: float, *, stream: bool = False) -> Any:
+    """The first 200 within ``timeout_s`` (a failover refuses requests for a moment: until
+    the worker's heartbeat reaches the new master, the registry there may not list it)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        answer = await stack.chat(key)
+        answer = await stack.chat(key, stream=stream)
         if answer.status_code == 200 or asyncio.get_running_loop().time() > deadline:
             return answer
         await asyncio.sleep(0.25)
@@ -71,6 +72,6 @@ async def test_gateway_and_worker_follow_a_failover(sentinel: SentinelPair, stac
         after = await _answer_within(stack, key, timeout_s=30)
         assert after.status_code == 200, after.text
         assert after.json()["usage"]["completion_tokens"] == 6
-        streamed = await stack.chat(key, stream=True)
+        streamed = await _answer_within(stack, key, timeout_s=30, stream=True)
         assert streamed.status_code == 200, streamed.text
         assert streamed.text.rstrip().endswith("data: [DONE]")
