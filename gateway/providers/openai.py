@@ -25,7 +25,7 @@ import msgspec
 
 from gateway.canonical import ChatRequest, Chunk, Response, Usage
 from gateway.errors import redact
-from gateway.providers.base import ProviderError
+from gateway.providers.base import ProviderError, unsupported_field
 from gateway.providers.hosted import json_headers, with_traceparent
 from gateway.providers.http1 import Http1Pool, UpstreamConnectionError
 from gateway.providers.openai_wire import Reply, choice_delta, reply_decoder, request_body, response
@@ -235,6 +235,14 @@ class OpenAIProvider:
         return raw, parsed.canonical_usage()
 
     def unsupported(self, request: ChatRequest) -> ProviderError | None:
+        thinking = request.thinking
+        if thinking is not None and thinking.type != "disabled" and thinking.display is not None:
+            # OpenAI-compatible servers return reasoning as written, with no switch for it.
+            return unsupported_field(
+                "thinking.display",
+                f"The model '{request.model}' returns its thinking as written, neither "
+                "summarized nor left out; leave out 'thinking.display'.",
+            )
         return None
 
     async def is_available(self) -> bool:

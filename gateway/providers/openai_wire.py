@@ -56,7 +56,7 @@ def _written(request: canonical.ChatRequest, model: str, stream: bool) -> dict[s
     options = {
         "parallel_tool_calls": request.parallel_tool_calls,
         "reasoning_effort": request.reasoning_effort,
-        "chat_template_kwargs": request.chat_template_kwargs,
+        "chat_template_kwargs": _template_kwargs(request),
         "user": request.user,
         "metadata": request.metadata,
         "service_tier": request.service_tier,
@@ -75,6 +75,16 @@ def _written(request: canonical.ChatRequest, model: str, stream: bool) -> dict[s
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+def _template_kwargs(request: canonical.ChatRequest) -> dict[str, Any] | None:
+    """Anthropic's ``thinking`` switch as OpenAI-compatible servers of open models take it
+    (vLLM, SGLang): the chat template's ``enable_thinking``, their answer's reasoning coming
+    back as ``reasoning_content``. What the client put in the template's kwargs itself wins."""
+    if request.thinking is None:
+        return request.chat_template_kwargs
+    enabled = request.thinking.type != "disabled"
+    return {"enable_thinking": enabled, **(request.chat_template_kwargs or {})}
 
 
 def _without_nones(values: dict[str, Any]) -> dict[str, Any]:
