@@ -22,9 +22,12 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.maint_notifications import MaintNotificationsConfig
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
@@ -46,8 +49,16 @@ Checking beats retrying: a command that failed on a closed connection may or may
 written to a closed connection cannot have run. ``health_check_interval`` would PING only the
 connections idle longer than it (a round trip for those) and recover from a failed PING only
 through the retry policy every command shares, so it is not used either. A peer lost without
-closing (no FIN) still fails its command once, after the socket timeout. Cluster clients are
-left as redis-py makes them."""
+closing (no FIN) still fails its command once, after the socket timeout."""
+
+
+def _cluster_options(options: dict[str, Any], retry: Any) -> dict[str, Any]:
+    """A cluster client's options: it sends no command twice. redis-py's cluster client
+    resends a command (or a whole pipeline) after a timeout or a broken connection, when it
+    may already have run: an admission script booked twice. MOVED and ASK redirects, which
+    the node answered without running the command, are still followed; after a failed
+    command the client finds the cluster's nodes again before its next one."""
+    return {"retry": retry, **options}
 
 
 @dataclass
@@ -104,7 +115,10 @@ def async_client(url: str, **options: Any) -> aioredis.Redis:
     topology = parse_redis_url(url)
     if topology.kind == "cluster":
         nodes = [AsyncClusterNode(host, port) for host, port in topology.nodes]
-        cluster: Any = AsyncRedisCluster(startup_nodes=nodes, **topology.auth, **options)
+        no_resend = AsyncRetry(NoBackoff(), 0)
+        cluster: Any = AsyncRedisCluster(
+            startup_nodes=nodes, **topology.auth, **_cluster_options(options, no_resend)
+        )
         return cluster  # type: ignore[no-any-return]
     if topology.kind == "sentinel":
         sentinel = AsyncSentinel(
@@ -124,7 +138,10 @@ def sync_client(url: str, **options: Any) -> redis.Redis:
     topology = parse_redis_url(url)
     if topology.kind == "cluster":
         nodes = [ClusterNode(host, port) for host, port in topology.nodes]
-        cluster: Any = RedisCluster(startup_nodes=nodes, **topology.auth, **options)
+        no_resend = Retry(NoBackoff(), 0)
+        cluster: Any = RedisCluster(
+            startup_nodes=nodes, **topology.auth, **_cluster_options(options, no_resend)
+        )
         return cluster  # type: ignore[no-any-return]
     if topology.kind == "sentinel":
         sentinel = Sentinel(

@@ -16,7 +16,7 @@ import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
 Command = tuple[Any, ...]
 
@@ -54,7 +54,13 @@ class CommandBatcher:
         pipe = self._redis.pipeline(transaction=False)
         for command in commands:
             pipe.execute_command(*command)
-        return list(await pipe.execute(raise_on_error=False))
+        replies = list(await pipe.execute(raise_on_error=False))
+        # A cluster pipeline hands back a node's lost connection or timeout as those commands'
+        # replies; a single server's raises it. Either way it is the exchange that failed.
+        for reply in replies:
+            if isinstance(reply, (ConnectionError, TimeoutError)):
+                raise reply
+        return replies
 
     def _flush(self) -> None:
         queued, self._queued = self._queued, []

@@ -137,3 +137,35 @@ async def test_batched_commands_reach_their_slots_on_the_cluster(cluster: Cluste
     finally:
         await client.delete(*keys)
         await client.aclose()
+
+
+SLOW_INCR = """
+redis.call('incr', KEYS[1])
+local deadline = tonumber(redis.call('time')[1]) * 1e6 + tonumber(redis.call('time')[2]) + 600000
+while tonumber(redis.call('time')[1]) * 1e6 + tonumber(redis.call('time')[2]) < deadline do end
+return 1
+"""
+
+
+@pytest.mark.parametrize("batched", [False, True])
+async def test_a_script_that_timed_out_is_not_run_again(
+    cluster: ClusterOfThree, batched: bool
+) -> None:
+    """A command that timed out may have run (the admission script books limits): the cluster
+    client must not send it again, as redis-py's cluster retries would by default."""
+    client = async_client(cluster.url, socket_timeout=0.2)
+    # Redis runs one script at a time: this client's GET waits out the slow one and any resend
+    # queued before it.
+    checker = async_client(cluster.url)
+    key = f"sg:once:{{{batched}}}"
+    try:
+        with pytest.raises(redis.exceptions.TimeoutError):
+            if batched:
+                await CommandBatcher(client).execute(("EVAL", SLOW_INCR, 1, key), ("GET", key))
+            else:
+                await client.eval(SLOW_INCR, 1, key)
+        assert await checker.get(key) == b"1"
+    finally:
+        await checker.delete(key)
+        await client.aclose()
+        await checker.aclose()
