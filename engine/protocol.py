@@ -122,6 +122,9 @@ def heartbeat_key(model: str, worker_id: str) -> str:
 MODEL_REGISTRY = "sg:models"
 """Sorted set: served model name -> Unix time of its latest worker heartbeat. The gateway
 discovers models from it (no SCAN, which a Redis Cluster would need on every node)."""
+MODEL_STAMP_KEPT_S = 7 * 86400.0
+"""Workers drop models stamped longer ago than this, so names of models long gone do not pile
+up (every reader looks back an hour at most)."""
 
 
 class Sampling(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=False):

@@ -98,7 +98,9 @@ class LivenessThread(threading.Thread):
         pipe = self.client.pipeline(transaction=False)
         pipe.set(protocol.heartbeat_key(self.model, self.worker_id), self._payload, px=self.ttl_ms)
         pipe.sadd(protocol.worker_registry(self.model), self.worker_id)
-        pipe.zadd(protocol.MODEL_REGISTRY, {self.model: time.time()})
+        now = time.time()
+        pipe.zadd(protocol.MODEL_REGISTRY, {self.model: now})
+        pipe.zremrangebyscore(protocol.MODEL_REGISTRY, "-inf", now - protocol.MODEL_STAMP_KEPT_S)
         pipe.execute()
         by_stream: dict[str, list[bytes]] = {}
         for stream, entry_id in self.in_flight_entries():

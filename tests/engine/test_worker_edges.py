@@ -1,7 +1,8 @@
 """Worker edge cases around ownership of request-stream entries, on the real local Redis.
 
 - The liveness thread re-claims only entries still pending for its own worker: one another
-  worker took over stays there, and this worker is told to stop serving it.
+  worker took over stays there, and this worker is told to stop serving it. Its heartbeat
+  also drops models stamped in the model registry too long ago.
 - An entry answered but whose XACK has not been written yet (Redis slow or unreachable from
   the worker's event loop) is still vouched for, so nobody takes it over and fails it.
 - A second entry carrying the id of a request already being served is acknowledged at once,
@@ -251,3 +252,23 @@ async def test_a_duplicate_entry_is_acked_and_never_fails_the_live_stream(
         _cleanup(sync, model)
         sync.close()
         await direct.aclose()
+
+
+def test_a_heartbeat_drops_models_stamped_long_ago() -> None:
+    client = redis.Redis.from_url(REDIS_URL)
+    model, gone, recent = _model(), _model(), _model()
+    now = time.time()
+    client.zadd(protocol.MODEL_REGISTRY, {gone: now - protocol.MODEL_STAMP_KEPT_S - 60})
+    client.zadd(protocol.MODEL_REGISTRY, {recent: now - 3600})
+    thread = LivenessThread(REDIS_URL, model, "w1", list, on_lost=lambda s, ids: None)
+    try:
+        thread.publish(protocol.Heartbeat("w1", model, model, "test", now))
+        thread.beat()
+        stamped = {m.decode() for m in client.zrange(protocol.MODEL_REGISTRY, 0, -1)}
+        assert model in stamped and recent in stamped
+        assert gone not in stamped
+    finally:
+        thread.stop()
+        client.zrem(protocol.MODEL_REGISTRY, model, gone, recent)
+        _cleanup(client, model)
+        client.close()
