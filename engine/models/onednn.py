@@ -12,16 +12,24 @@ import torch
 from torch import nn
 
 _HAS_POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise")
+_HAS_REORDER = hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+# The batch size oneDNN picks the packed layout for (any from 32 up measured alike).
+_PACK_BATCH_SIZE = 256
 
 
 class OneDNNLinear(nn.Module):
-    """An ``nn.Linear`` whose weight (and bias) were converted once to oneDNN tensors."""
+    """An ``nn.Linear`` whose weight (and bias) were converted once to oneDNN tensors, the
+    weight packed."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.weight = linear.weight.detach().contiguous().to_mkldnn()
+        weight = linear.weight.detach().contiguous()
+        if _HAS_POINTWISE and _HAS_REORDER:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_SIZE)
+        else:
+            self.weight = weight.to_mkldnn()
         self.bias = None if linear.bias is None else linear.bias.detach().contiguous().to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
