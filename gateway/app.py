@@ -42,6 +42,7 @@ from gateway.errors import EXCEPTION_HANDLERS
 from gateway.lease_book import LeaseBook
 from gateway.limits import RateLimiter
 from gateway.pricing import PriceBook, prices_from_config
+from gateway.redis_direct import Address, DirectConnection
 from gateway.routing import Router
 from gateway.services import Services, new_request_id, request_state
 from gateway.settings import Settings
@@ -140,11 +141,22 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         sessionmaker = create_sessionmaker(db_engine)
         key_cache = KeyCache(redis_pubsub, sessionmaker, settings)
         prices = PriceBook(prices_from_config(settings.config, settings.currency), sessionmaker)
+        address = Address.from_url(settings.redis_url)
+        direct = (
+            DirectConnection(
+                address,
+                connect_timeout_s=REDIS_CONNECT_TIMEOUT_S,
+                timeout_s=REDIS_COMMAND_TIMEOUT_S,
+            )
+            if address is not None
+            else None
+        )
         limiter = RateLimiter(
             redis,
             slot_ttl_s=settings.request_timeout_s,
             spend=DatabaseSpend(sessionmaker),
             prices=prices,
+            direct=direct,
         )
         router = Router.from_settings(settings, redis)
         flusher = (
@@ -194,6 +206,8 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             await _bounded("database pool", db_engine.dispose())
             await _bounded("redis pubsub client", redis_pubsub.aclose())
             await _bounded("redis client", redis.aclose())
+            if direct is not None:
+                await _bounded("request-path redis connection", direct.aclose())
             if metrics_server is not None:
                 metrics_server.shutdown()
                 metrics_server.server_close()

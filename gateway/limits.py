@@ -44,6 +44,7 @@ from gateway.limit_replies import REJECTION_REASONS, limit_headers, rejection
 from gateway.limit_scripts import ADMIT_LUA, SEED_LUA, SETTLE_LUA, WINDOW_S
 from gateway.pricing import Price
 from gateway.redis_batch import CommandBatcher
+from gateway.redis_direct import DirectConnection
 from gateway.telemetry import REJECTIONS
 
 SLOT_TTL_MARGIN_S = 30.0
@@ -121,9 +122,10 @@ class RateLimiter:
         slot_ttl_s: float,
         spend: SpendSource | None = None,
         prices: PriceSource | None = None,
+        direct: DirectConnection | None = None,
     ) -> None:
         self._redis = redis
-        self.batch = CommandBatcher(redis)
+        self.batch = CommandBatcher(redis, direct)
         """The request path's admission and settle commands go through this."""
         self._slot_ttl_s = slot_ttl_s + SLOT_TTL_MARGIN_S
         self._spend = spend

@@ -18,12 +18,16 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 
+from gateway.redis_direct import DirectConnection
+
 Command = tuple[Any, ...]
 
 
 class CommandBatcher:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, direct: DirectConnection | None = None) -> None:
         self._redis = redis
+        self._direct = direct
+        """A single server's own connection (gateway.redis_direct), used instead of redis-py's."""
         self._in_flight = 0
         self._queued: list[tuple[tuple[Command, ...], asyncio.Future[list[Any]]]] = []
         self._sending: set[asyncio.Task[None]] = set()
@@ -46,6 +50,8 @@ class CommandBatcher:
 
     async def _send(self, commands: tuple[Command, ...]) -> list[Any]:
         self.round_trips += 1
+        if self._direct is not None:
+            return await self._direct.exchange(commands)
         if len(commands) == 1:
             try:
                 return [await self._redis.execute_command(*commands[0])]
