@@ -8,8 +8,9 @@ connection writes commands packed by hiredis and reads the replies with hiredis'
 order, several exchanges in flight at once; replies come back raw, as ``EVALSHA`` and ``XADD``
 return them through redis-py too.
 
-Used for a single server only (``redis://``, ``rediss://``, ``unix://``); Sentinel and Cluster
-keep redis-py's clients, which follow failovers and slots. As with those clients, a command is
+Used for a single server reached in plain TCP or by a Unix socket (``redis://``, ``unix://``);
+Sentinel and Cluster keep redis-py's clients, which follow failovers and slots, and TLS
+(``rediss://``) keeps redis-py's certificate handling. As with those clients, a command is
 never sent twice: when the connection breaks or an exchange times out, every exchange in
 flight fails (it may or may not have run) and the next one connects afresh.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ssl
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -37,32 +37,28 @@ class Address:
     port: int = 6379
     path: str | None = None
     """A Unix socket's path (``unix://``), instead of host and port."""
-    tls: bool = False
     username: str | None = None
     password: str | None = None
     db: int = 0
 
     @classmethod
     def from_url(cls, url: str) -> Address | None:
-        """The server of a single-server URL; ``None`` for Sentinel or Cluster URLs, and for
-        URLs with connection options other than ``db`` (redis-py's client honours those)."""
+        """The server of a plain single-server URL; ``None`` for TLS, Sentinel or Cluster URLs
+        and for URLs with connection options other than ``db`` (redis-py's client honours
+        those)."""
         parts = urlsplit(url)
         query = parse_qs(parts.query)
-        if parts.scheme not in ("redis", "rediss", "unix") or set(query) - {"db"}:
+        if parts.scheme not in ("redis", "unix") or set(query) - {"db"}:
             return None
-        db = query.get("db", [""])[0] or (parts.path.strip("/") if parts.scheme != "unix" else "")
-        credentials = {
-            "username": unquote(parts.username) if parts.username else None,
-            "password": unquote(parts.password) if parts.password else None,
-            "db": int(db or 0),
-        }
-        if parts.scheme == "unix":
-            return cls(path=parts.path, **credentials)  # type: ignore[arg-type]
+        unix = parts.scheme == "unix"
+        db = query.get("db", [""])[0] or ("" if unix else parts.path.strip("/"))
         return cls(
             host=parts.hostname or "127.0.0.1",
             port=parts.port or 6379,
-            tls=parts.scheme == "rediss",
-            **credentials,  # type: ignore[arg-type]
+            path=parts.path if unix else None,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            db=int(db or 0),
         )
 
 
@@ -84,7 +80,8 @@ class _Protocol(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
 
     def data_received(self, data: bytes) -> None:
         self.reader.feed(data)
@@ -159,9 +156,8 @@ class DirectConnection:
                 if address.path is not None:
                     _, protocol = await loop.create_unix_connection(_Protocol, address.path)
                 else:
-                    context = ssl.create_default_context() if address.tls else None
                     _, protocol = await loop.create_connection(
-                        _Protocol, address.host, address.port, ssl=context
+                        _Protocol, address.host, address.port
                     )
         except (OSError, TimeoutError) as exc:
             raise RedisConnectionError(f"cannot connect to Redis: {exc!r}") from exc

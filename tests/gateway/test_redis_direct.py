@@ -47,12 +47,15 @@ def test_single_server_urls_only() -> None:
     assert Address.from_url("redis://u:p%40ss@h:7000/3") == Address(
         host="h", port=7000, username="u", password="p@ss", db=3
     )
-    assert Address.from_url("rediss://h") == Address(host="h", tls=True)
-    assert Address.from_url("unix:///run/redis.sock?db=2") == Address(path="/run/redis.sock", db=2)
+    assert Address.from_url("redis://h") == Address(host="h")
+    assert Address.from_url("unix:///run/redis.sock?db=2") == Address(
+        host="127.0.0.1", path="/run/redis.sock", db=2
+    )
     # Topologies redis-py follows, and options only redis-py honours, stay with redis-py.
     assert Address.from_url("redis+sentinel://h:26379/mymaster") is None
     assert Address.from_url("redis+cluster://h:7000,h:7001") is None
-    assert Address.from_url("rediss://h?ssl_cert_reqs=none") is None
+    assert Address.from_url("rediss://h") is None
+    assert Address.from_url("redis://h?socket_keepalive=true") is None
 
 
 async def test_replies_match_redis_py_and_come_back_in_order(
