@@ -34,12 +34,21 @@ def store_kv(
 
     Slot -1 marks a padding token and is skipped. The caches are updated in place.
     """
-    block_size = k_cache.shape[1]
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep].long()
-    blocks, offsets = slots // block_size, slots % block_size
-    k_cache[blocks, offsets] = key[keep].to(k_cache.dtype)
-    v_cache[blocks, offsets] = value[keep].to(v_cache.dtype)
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        slots, key, value = slots[keep], key[keep], value[keep]
+    for source, cache in ((key, k_cache), (value, v_cache)):
+        source = source.to(cache.dtype)
+        if cache.is_contiguous():
+            # The cache as one row per slot: a row copy per token (index_copy_) rather than
+            # a two-index scatter, several times faster on the CPU.
+            cache.view(-1, cache.shape[2] * cache.shape[3]).index_copy_(
+                0, slots, source.reshape(len(slots), -1)
+            )
+        else:
+            block_size = cache.shape[1]
+            cache[slots // block_size, slots % block_size] = source
 
 
 def paged_attention(
@@ -84,16 +93,21 @@ def paged_attention(
         group = decode_seqs[
             g * len(decode_seqs) // num_groups : (g + 1) * len(decode_seqs) // num_groups
         ]
-        seq_index = torch.tensor(group, device=q.device)
-        rows = cu_seqlens_q[seq_index].long()
-        out[rows] = _decode(
-            q[rows],
-            k_cache,
-            v_cache,
-            block_tables[seq_index],
-            seq_lens[seq_index],
-            lens[group[-1]],
-            softmax_scale,
+        # Indices and lengths from the host lists: index_select/index_copy_ over small
+        # tensors, not advanced indexing (which costs several times more per call on the CPU).
+        rows = torch.tensor([starts[i] for i in group], device=q.device)
+        out.index_copy_(
+            0,
+            rows,
+            _decode(
+                q.index_select(0, rows),
+                k_cache,
+                v_cache,
+                block_tables.index_select(0, torch.tensor(group, device=q.device)),
+                torch.tensor([lens[i] for i in group], device=q.device),
+                lens[group[-1]],
+                softmax_scale,
+            ),
         )
     for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
         if end - start > 1:
@@ -127,10 +141,12 @@ def _decode(
     positions = torch.arange(keys.shape[1], device=q.device)
     visible = positions[None, :] < seq_lens[:, None].to(q.device)
     # Slots past a request's end may hold anything, NaN included, which a mask does not
-    # neutralise (NaN - inf and 0 * NaN are NaN), so they are zeroed.
-    hidden_seq, hidden_pos = (~visible).nonzero(as_tuple=True)
-    keys[hidden_seq, hidden_pos] = 0.0
-    values[hidden_seq, hidden_pos] = 0.0
+    # neutralise (NaN - inf and 0 * NaN are NaN), so they are zeroed: whole rows of the
+    # gathered K/V by index (index_fill_), several times cheaper on the CPU than a
+    # broadcast masked_fill_ or an index_put of zeros.
+    hidden = (~visible).view(-1).nonzero().view(-1)
+    keys.view(-1, num_kv_heads * head_dim).index_fill_(0, hidden, 0.0)
+    values.view(-1, num_kv_heads * head_dim).index_fill_(0, hidden, 0.0)
     out = F.scaled_dot_product_attention(
         q.float().view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim),
         keys.transpose(1, 2),
