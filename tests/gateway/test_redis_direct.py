@@ -198,3 +198,16 @@ async def test_the_batcher_uses_it(redis_url: str, redis_client: Redis) -> None:
     finally:
         await redis_client.delete(key)
         await connection.aclose()
+
+
+def test_it_runs_on_uvloop_as_the_served_gateway_does(redis_url: str) -> None:
+    uvloop = pytest.importorskip("uvloop")
+
+    async def ping() -> list[object]:
+        connection = direct(redis_url)
+        try:
+            return await connection.exchange((("PING",), ("ECHO", "x")))
+        finally:
+            await connection.aclose()
+
+    assert uvloop.run(ping()) == [b"PONG", b"x"]
