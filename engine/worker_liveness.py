@@ -26,6 +26,11 @@ from engine.redis_client import sync_client
 
 logger = logging.getLogger("sluicegate.worker")
 
+RETRY_AFTER_FAILURE_S = 0.1
+"""How soon a failed beat is tried again. After a Redis outage longer than the key's TTL (a
+restart, a Sentinel failover) the gateway sees no worker until the next beat lands, so the
+thread does not wait a whole interval once Redis is back."""
+
 RECLAIM_OWN = """
 -- KEYS[1] a request stream; ARGV: group, this consumer, entry ids it serves.
 -- Resets the idle time of the entries still pending for this consumer and returns the ids
@@ -122,7 +127,9 @@ class LivenessThread(threading.Thread):
 
     def run(self) -> None:
         failing = False
-        while not self._stop_event.wait(self.interval_s):
+        while not self._stop_event.wait(
+            min(self.interval_s, RETRY_AFTER_FAILURE_S) if failing else self.interval_s
+        ):
             try:
                 self.beat()
                 if failing:

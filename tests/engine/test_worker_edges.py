@@ -2,7 +2,8 @@
 
 - The liveness thread re-claims only entries still pending for its own worker: one another
   worker took over stays there, and this worker is told to stop serving it. Its heartbeat
-  also drops models stamped in the model registry too long ago.
+  also drops models stamped in the model registry too long ago, and after a Redis outage it
+  is back within a fraction of its interval, not a whole one.
 - An entry answered but whose XACK has not been written yet (Redis slow or unreachable from
   the worker's event loop) is still vouched for, so nobody takes it over and fails it.
 - A second entry carrying the id of a request already being served is acknowledged at once,
@@ -28,7 +29,8 @@ import redis.asyncio as aioredis
 from engine import protocol
 from engine.async_engine import AsyncEngine
 from engine.worker import Worker, WorkerOptions
-from engine.worker_liveness import LivenessThread
+from engine.worker_liveness import RETRY_AFTER_FAILURE_S, LivenessThread
+from tests.gateway.private_redis import PrivateRedis
 
 from .worker_harness import REDIS_URL, WorkerHarness
 
@@ -272,3 +274,32 @@ def test_a_heartbeat_drops_models_stamped_long_ago() -> None:
         client.zrem(protocol.MODEL_REGISTRY, model, gone, recent)
         _cleanup(client, model)
         client.close()
+
+
+def test_heartbeat_is_back_soon_after_a_redis_outage() -> None:
+    """Redis comes back empty (a restart without persistence, a failover that outlasted the
+    key's TTL): the heartbeat must reappear well before the next regular beat would write it."""
+    interval_s = 1.0
+    server = PrivateRedis()
+    server.start()
+    model = _model()
+    thread = LivenessThread(server.url, model, "w1", list, interval_s=interval_s, ttl_s=3.0)
+    client = redis.Redis.from_url(server.url)
+    try:
+        thread.publish(protocol.Heartbeat("w1", model, model, "test", time.time()))
+        thread.start()
+        assert server.process is not None
+        server.process.kill()
+        server.process.wait(10)
+        server.process = None
+        time.sleep(interval_s + 0.2)  # the first beat has failed
+        server.start()
+        back_at = time.monotonic()
+        key = protocol.heartbeat_key(model, "w1")
+        while not client.exists(key):
+            assert time.monotonic() - back_at < interval_s / 2, "no heartbeat after the outage"
+            time.sleep(RETRY_AFTER_FAILURE_S / 4)
+    finally:
+        thread.stop(remove_key=False)
+        client.close()
+        server.close()
