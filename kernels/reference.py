@@ -181,16 +181,18 @@ def _prefill_one(
         query_positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
         key_positions = torch.arange(seq_len, device=q.device)
         visible = key_positions[None, :] <= query_positions[:, None]
+    # A leading batch dimension of one: given 3-D inputs, SDPA on the CPU takes its math
+    # path (a materialised score matrix), several times slower than its flash kernel.
     out = F.scaled_dot_product_attention(
-        q.float().transpose(0, 1),
-        keys.transpose(0, 1),
-        values.transpose(0, 1),
+        q.float().transpose(0, 1)[None],
+        keys.transpose(0, 1)[None],
+        values.transpose(0, 1)[None],
         attn_mask=visible,
         is_causal=visible is None,
         scale=softmax_scale,
         enable_gqa=True,
     )
-    return out.transpose(0, 1).to(q.dtype)
+    return out[0].transpose(0, 1).to(q.dtype)
 
 
 def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
