@@ -58,9 +58,13 @@ class PrivateRedis:
         self.process.wait(10)
         self.process = None
 
-    def close(self) -> None:
+    def crash(self) -> None:
+        """Down without saving: ``start`` then brings it back empty."""
         if self.process is not None:
             self.process.kill()
             self.process.wait(10)
             self.process = None
+
+    def close(self) -> None:
+        self.crash()
         shutil.rmtree(self.workdir, ignore_errors=True)

@@ -19,6 +19,16 @@ import redis
 SLOTS = 16384
 SENTINEL_SERVICE = "sgmaster"
 
+SLOW_INCR = """
+redis.call('incr', KEYS[1])
+local function now() local t = redis.call('time') return t[1] * 1e6 + t[2] end
+local deadline = now() + 600000
+while now() < deadline do end
+return 1
+"""
+"""A script that books (INCR) and then holds the server for 0.6 s: a client timing out on
+it must not send it again, and any other client's command waits it out."""
+
 
 def redis_server() -> str:
     path = shutil.which("redis-server")

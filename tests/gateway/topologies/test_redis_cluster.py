@@ -15,7 +15,7 @@ from engine import protocol
 from engine.redis_client import async_client, sync_client
 from gateway.redis_batch import CommandBatcher
 
-from .redis_servers import ClusterOfThree
+from .redis_servers import SLOW_INCR, ClusterOfThree
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -137,14 +137,6 @@ async def test_batched_commands_reach_their_slots_on_the_cluster(cluster: Cluste
     finally:
         await client.delete(*keys)
         await client.aclose()
-
-
-SLOW_INCR = """
-redis.call('incr', KEYS[1])
-local deadline = tonumber(redis.call('time')[1]) * 1e6 + tonumber(redis.call('time')[2]) + 600000
-while tonumber(redis.call('time')[1]) * 1e6 + tonumber(redis.call('time')[2]) < deadline do end
-return 1
-"""
 
 
 @pytest.mark.parametrize("batched", [False, True])
