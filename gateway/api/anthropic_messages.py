@@ -14,11 +14,12 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 
 from gateway.admission import admit
 from gateway.api.anthropic_errors import ANTHROPIC_EXCEPTION_HANDLERS, anthropic_error
 from gateway.api.anthropic_thinking import ThinkingSigner, signer_for
+from gateway.api.inference_post import inference_post
 from gateway.call import DEPLOYMENT_HEADER, Call
 from gateway.call_stream import stream
 from gateway.canonical import Chunk
@@ -67,7 +68,7 @@ class MessagesController(Controller):
     tags = ("anthropic",)
     exception_handlers = ANTHROPIC_EXCEPTION_HANDLERS
 
-    @post("/", status_code=200, summary="Create a message (Anthropic Messages API)")
+    @inference_post("/", status_code=200, summary="Create a message (Anthropic Messages API)")
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, _ = decode_body(await request.body(), MessagesRequest)
         signer = _signer(request)
@@ -78,7 +79,7 @@ class MessagesController(Controller):
         response = await (stream(call, renderer) if body.stream else call.complete(renderer))
         return response
 
-    @post("/count_tokens", status_code=200, summary="Count a message's input tokens")
+    @inference_post("/count_tokens", status_code=200, summary="Count a message's input tokens")
     async def count_tokens(self, request: Request[Any, Any, Any]) -> Response[Any]:
         """``{"input_tokens": N}``: the prompt (system, messages, tools) as the deployment
         that would serve it counts it, with nothing generated; keys and request limits apply

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 
 from gateway import canonical
+from gateway.api.inference_post import inference_post
 from gateway.api.openai_reply import OpenAIRenderer, reply
 from gateway.api.openapi_body import body_operation
 from gateway.call import Call
@@ -107,7 +108,7 @@ class CompletionsController(Controller):
     guards = (authenticate,)
     tags = ("openai",)
 
-    @post(
+    @inference_post(
         "/",
         status_code=200,
         summary="Create a text completion",

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 
 from gateway.admission import admit
+from gateway.api.inference_post import inference_post
 from gateway.api.openapi_body import body_operation
 from gateway.schemas.embeddings import EmbeddingRequest
 from gateway.schemas.wire import decode_body
@@ -20,7 +21,7 @@ class EmbeddingsController(Controller):
     guards = (authenticate,)
     tags = ("openai",)
 
-    @post(
+    @inference_post(
         "/",
         status_code=200,
         summary="Create embeddings",

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from litestar import Controller, Request, Response, post
+from litestar import Controller, Request, Response
 
+from gateway.api.inference_post import inference_post
 from gateway.api.openai_reply import reply
 from gateway.api.openapi_body import body_operation
 from gateway.call import Call
@@ -99,7 +100,7 @@ class ResponsesController(Controller):
     guards = (authenticate,)
     tags = ("openai",)
 
-    @post(
+    @inference_post(
         "/",
         status_code=200,
         summary="Create a model response (stateless)",
