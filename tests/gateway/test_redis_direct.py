@@ -118,6 +118,21 @@ async def test_a_timed_out_exchange_is_never_sent_again(
     assert await connection.exchange((("INCR", key),)) == [3]
 
 
+async def test_each_exchange_gets_its_whole_timeout(
+    redis_url: str, redis_client: Redis, opened: Open, key: str
+) -> None:
+    connection = opened(redis_url, timeout_s=0.3)
+    # Answered at once; its deadline stays armed, 0.3 s from now.
+    assert await connection.exchange((("PING",),)) == [b"PONG"]
+    await asyncio.sleep(0.15)
+    sent = time.perf_counter()
+    with pytest.raises(RedisTimeoutError):
+        await connection.exchange((("EVAL", SLOW_INCR, 1, key),))
+    # Timed out from its own start, not from the earlier exchange's.
+    assert 0.29 <= time.perf_counter() - sent < 0.55
+    assert await redis_client.get(key) == b"1"
+
+
 async def test_a_connection_the_server_closed_is_replaced(
     redis_url: str, redis_client: Redis, opened: Open
 ) -> None:
