@@ -25,14 +25,21 @@ class UpstreamConnectionError(ConnectionError):
 
 
 class _Connection:
-    __slots__ = ("reader", "writer")
+    __slots__ = ("expired", "reader", "writer")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
+        self.expired = False
 
     def close(self) -> None:
         self.writer.close()
+
+    def expire(self) -> None:
+        """The exchange ran out of time: drop the connection, which ends its pending read.
+        (A timer and an abort cost a quarter of what ``asyncio.timeout`` costs per call.)"""
+        self.expired = True
+        self.writer.transport.abort()
 
 
 class Http1Pool:
@@ -87,29 +94,28 @@ class Http1Pool:
     ) -> tuple[int, bytes]:
         reader = connection.reader
         received_any = False
+        timer = asyncio.get_running_loop().call_later(self._read_timeout_s, connection.expire)
         try:
-            async with asyncio.timeout(self._read_timeout_s):
-                connection.writer.write(request)
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError as exc:
-                    received_any = bool(exc.partial)
-                    raise
-                received_any = True
-                status, length, chunked, keep_alive = _parse_head(head)
-                if length is not None:
-                    body = await reader.readexactly(length)
-                elif chunked:
-                    body = await _read_chunked(reader)
-                else:
-                    body = await reader.read()
-                    keep_alive = False
-        except TimeoutError:
-            # Before OSError, which it subclasses: a slow upstream is not a stale connection.
-            connection.close()
-            raise
+            connection.writer.write(request)
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                received_any = bool(exc.partial)
+                raise
+            received_any = True
+            status, length, chunked, keep_alive = _parse_head(head)
+            if length is not None:
+                body = await reader.readexactly(length)
+            elif chunked:
+                body = await _read_chunked(reader)
+            else:
+                body = await reader.read()
+                keep_alive = False
         except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             connection.close()
+            if connection.expired:
+                # A slow upstream, not a stale connection.
+                raise TimeoutError(f"{self._host_header} did not answer in time") from None
             if not fresh and not received_any:
                 raise _StaleConnection from exc
             raise UpstreamConnectionError(
@@ -119,6 +125,12 @@ class Http1Pool:
             # Cancelled mid-exchange: the connection's state is unknown.
             connection.close()
             raise
+        finally:
+            timer.cancel()
+        if connection.expired:
+            # Expired while the last bytes came: a body read to the connection's end would not
+            # tell a cut from the whole.
+            raise TimeoutError(f"{self._host_header} did not answer in time")
         if keep_alive and len(self._idle) < self._max_idle:
             self._idle.append(connection)
         else:

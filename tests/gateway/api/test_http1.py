@@ -107,3 +107,15 @@ async def test_refused_broken_and_slow_upstreams(serve: Callable) -> None:
     slow = Http1Pool("127.0.0.1", await serve(silent), read_timeout_s=0.2)
     with pytest.raises(TimeoutError):
         await slow.post("/x", b"{}", {})
+
+
+async def test_a_body_read_to_the_end_that_stalls_times_out_not_cut(serve: Callable) -> None:
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\npart of it")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    pool = Http1Pool("127.0.0.1", await serve(stalls), read_timeout_s=0.2)
+    with pytest.raises(TimeoutError):
+        await pool.post("/x", b"{}", {})
