@@ -33,6 +33,7 @@ from gateway.errors import (
     ServiceUnavailable,
     UpstreamError,
 )
+from gateway.json_response import JSONBytes
 from gateway.limits import Admission
 from gateway.providers.base import ProviderError
 from gateway.routing import Deployment, ModelRoute
@@ -43,7 +44,6 @@ from gateway.telemetry import ADDED_LATENCY
 
 T = TypeVar("T")
 
-JSON = "application/json"
 DEPLOYMENT_HEADER = "x-sluicegate-deployment"
 
 
@@ -188,7 +188,7 @@ class Call:
         ADDED_LATENCY.observe(
             (self.generation_started - self.started) + (time.perf_counter() - generated)
         )
-        return Response(content, status_code=200, media_type=JSON, headers=self.response_headers())
+        return JSONBytes(content, headers=self.response_headers())
 
     async def complete(self, renderer: Renderer) -> Response[bytes]:
         answer = await self._answer(self.services.router.complete(self.route, self.request))

@@ -7,7 +7,7 @@ from typing import Any
 from litestar import Controller, Request, Response, get
 
 from gateway.auth import ApiKeyRecord
-from gateway.call import JSON
+from gateway.json_response import JSON
 from gateway.schemas.wire import ModelCard, ModelList, encode
 from gateway.services import Services, authenticate
 
