@@ -18,8 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import ColumnElement, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.db.models import UsageDaily, UsageRecord
@@ -40,17 +39,71 @@ _COUNTED = (
 """What the rollups read of a stored usage record."""
 
 
+_RECORD_COLUMNS = (
+    ("request_id", "text"),
+    ("key_id", "uuid"),
+    ("model", "text"),
+    ("deployment", "text"),
+    ("prompt_tokens", "integer"),
+    ("completion_tokens", "integer"),
+    ("cached_tokens", "integer"),
+    ("cost_micros", "bigint"),
+    ("team_id", "uuid"),
+    ("status", "text"),
+    ("finish_reason", "text"),
+    ("latency_ms", "double precision"),
+    ("ttft_ms", "double precision"),
+    ("started_at", "timestamptz"),
+    ("finished_at", "timestamptz"),
+)
+_ROLLUP_COLUMNS = (
+    ("day", "date"),
+    ("key_id", "uuid"),
+    ("model", "text"),
+    ("requests", "bigint"),
+    ("prompt_tokens", "bigint"),
+    ("completion_tokens", "bigint"),
+    ("cost_micros", "bigint"),
+    ("errors", "bigint"),
+    ("team_id", "uuid"),
+)
+
+
+def _unnest(columns: tuple[tuple[str, str], ...]) -> str:
+    """``SELECT`` of one row per array element, one array parameter per column."""
+    arrays = ", ".join(f"CAST(:{name} AS {kind}[])" for name, kind in columns)
+    return f"SELECT * FROM unnest({arrays})"
+
+
+# Rows go as one array per column (unnest): asyncpg encodes each array in C, and the statement
+# is the same whatever the batch size, so it is prepared once per connection. The ORM's
+# executemany of the same rows cost ~50 µs of CPU per row and ~6 ms per batch, all of it on
+# the gateway's event loop.
+_INSERT_RECORDS = text(
+    f"INSERT INTO usage_records ({', '.join(name for name, _ in _RECORD_COLUMNS)}) "
+    f"{_unnest(_RECORD_COLUMNS)} ON CONFLICT (request_id) DO NOTHING "
+    f"RETURNING {', '.join(column.key for column in _COUNTED)}, team_id"
+).columns(*(UsageRecord.__table__.c[column.key] for column in _COUNTED), UsageRecord.team_id)
+_ADDED = ("requests", "prompt_tokens", "completion_tokens", "cost_micros", "errors")
+_UPSERT_ROLLUPS = text(
+    f"INSERT INTO usage_daily ({', '.join(name for name, _ in _ROLLUP_COLUMNS)}) "
+    f"{_unnest(_ROLLUP_COLUMNS)} ON CONFLICT (day, key_id, model) DO UPDATE SET "
+    + ", ".join(f"{name} = usage_daily.{name} + excluded.{name}" for name in _ADDED)
+    + ", team_id = coalesce(excluded.team_id, usage_daily.team_id)"
+)
+_RECORD_DEFAULTS = {"cached_tokens": 0, "cost_micros": 0}
+
+
+def _aware(moment: dt.datetime) -> dt.datetime:
+    if moment.tzinfo is None:
+        raise TypeError(f"usage record time without a time zone: {moment!r}")
+    return moment
+
+
 async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> int:
     """Inserts usage rows (UsageRecord column names) not seen before; returns how many."""
     if not rows:
         return 0
-    # Rows go as executemany parameters, not one multi-VALUES literal: the statement then
-    # compiles once and is cached (a per-batch compile cost ~0.15 ms CPU per record).
-    statement = (
-        insert(UsageRecord)
-        .on_conflict_do_nothing(index_elements=[UsageRecord.request_id])
-        .returning(*_COUNTED, UsageRecord.team_id)
-    )
     # One row per request: the larger of a batch's records of it (see bills_more).
     unique: dict[str, dict[str, Any]] = {}
     for row in rows:
@@ -58,7 +111,13 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
         seen = unique.get(full["request_id"])
         unique[full["request_id"]] = full if seen is None or bills_more(full, seen) else seen
     full_rows = list(unique.values())
-    inserted = (await session.execute(statement, full_rows)).all()
+    arrays: dict[str, list[Any]] = {
+        name: [row.get(name, _RECORD_DEFAULTS.get(name)) for row in full_rows]
+        for name, _ in _RECORD_COLUMNS
+    }
+    for name in ("started_at", "finished_at"):
+        arrays[name] = [_aware(moment) for moment in arrays[name]]
+    inserted = (await session.execute(_INSERT_RECORDS, arrays)).all()
     totals: dict[tuple[dt.date, uuid.UUID, str], list[Any]] = defaultdict(
         lambda: [0, 0, 0, 0, 0, None]
     )
@@ -76,42 +135,17 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
     if stored:
         await _raise_counts(session, stored, totals)
     if totals:
-        rollup = insert(UsageDaily).values(
-            [
-                {
-                    "day": day,
-                    "key_id": key_id,
-                    "model": model,
-                    "requests": requests,
-                    "prompt_tokens": prompt,
-                    "completion_tokens": completion,
-                    "cost_micros": cost,
-                    "errors": errors,
-                    "team_id": team_id,
-                }
-                for (day, key_id, model), (
-                    requests,
-                    prompt,
-                    completion,
-                    cost,
-                    errors,
-                    team_id,
-                ) in sorted(totals.items())
-            ]
-        )
-        rollup = rollup.on_conflict_do_update(
-            index_elements=[UsageDaily.day, UsageDaily.key_id, UsageDaily.model],
-            set_={
-                "requests": UsageDaily.requests + rollup.excluded.requests,
-                "prompt_tokens": UsageDaily.prompt_tokens + rollup.excluded.prompt_tokens,
-                "completion_tokens": UsageDaily.completion_tokens
-                + rollup.excluded.completion_tokens,
-                "cost_micros": UsageDaily.cost_micros + rollup.excluded.cost_micros,
-                "errors": UsageDaily.errors + rollup.excluded.errors,
-                "team_id": func.coalesce(rollup.excluded.team_id, UsageDaily.team_id),
-            },
-        )
-        await session.execute(rollup)
+        # Sorted: two flushers upsert the same rollup rows in one order (no deadlock).
+        ordered = sorted(totals.items())
+        rollups: dict[str, list[Any]] = {name: [] for name, _ in _ROLLUP_COLUMNS}
+        for (day, key_id, model), (requests, prompt, completion, cost, errors, team) in ordered:
+            for name, value in zip(
+                rollups,
+                (day, key_id, model, requests, prompt, completion, cost, errors, team),
+                strict=True,
+            ):
+                rollups[name].append(value)
+        await session.execute(_UPSERT_ROLLUPS, rollups)
     return len(inserted)
 
 
