@@ -19,6 +19,9 @@ ADMIT_LUA = """
 -- then, optionally, the reservation's held marker and the key's epoch (see SETTLE_LUA), with
 -- one more ARGV: the epoch to start when the key has none (Redis started empty); then,
 -- optionally, the replica's lease hash (gateway.leases), with one more ARGV: the lease.
+-- Every ARGV is read once and every global is a local: Lua looks globals up by name, and this
+-- script runs once per request, with the request waiting on it.
+local call, tonumber, floor, max = redis.call, tonumber, math.floor, math.max
 local now = tonumber(ARGV[1])
 local elapsed = now - tonumber(ARGV[2])
 local win = tonumber(ARGV[3])
@@ -29,17 +32,13 @@ local slot_ttl = tonumber(ARGV[7])
 local scopes = tonumber(ARGV[8])
 local weight = 1 - elapsed / win
 
-local function num(key) return tonumber(redis.call('get', key) or '0') end
-local function arg(s, i) return tonumber(ARGV[8 + 6 * s + i]) end
-local function key(s, i) return KEYS[7 * s + i] end
-
 -- seconds until prev*weight(t) + cur + amount <= limit; -1 when it never will
 local function wait_for(cur, prev, amount, limit)
   if amount > limit then return -1 end
   if cur + amount <= limit then
     if prev <= 0 then return 0 end
     local t = win * (1 - (limit - cur - amount) / prev)
-    return math.max(0, t - elapsed)
+    return max(0, t - elapsed)
   end
   local s = win * (1 - (limit - amount) / cur)
   return (win - elapsed) + s
@@ -52,88 +51,103 @@ local function drain(cur, prev)
   return 0
 end
 
+local function count(name) return tonumber(call('get', name) or '0') end
+
 -- A budget counter that is missing (new period, Redis restart, eviction) is seeded by the
 -- caller from the database first: answer which, and book nothing.
-local missing = {}
+local state, missing = {}, {}
 for s = 0, scopes - 1 do
-  if arg(s, 4) >= 0 and redis.call('exists', key(s, 6)) == 0 then table.insert(missing, 7 * s + 6) end
-  if arg(s, 5) >= 0 and redis.call('exists', key(s, 7)) == 0 then table.insert(missing, 7 * s + 7) end
+  local a, k = 8 + 6 * s, 7 * s
+  local st = {
+    rpm = tonumber(ARGV[a + 1]), tpm = tonumber(ARGV[a + 2]), parallel = tonumber(ARGV[a + 3]),
+    budget = tonumber(ARGV[a + 4]), money = tonumber(ARGV[a + 5]), budget_ttl = ARGV[a + 6],
+    req_cur = 0, req_prev = 0, tok_cur = 0, tok_prev = 0, k = k,
+  }
+  if st.budget >= 0 then
+    st.spent = call('get', KEYS[k + 6])
+    if not st.spent then table.insert(missing, k + 6) end
+  end
+  if st.money >= 0 then
+    st.spent_money = call('get', KEYS[k + 7])
+    if not st.spent_money then table.insert(missing, k + 7) end
+  end
+  state[s] = st
 end
 if #missing > 0 then return {5, -1, 0, missing} end
 
 local code, failed, retry = 0, -1, 0
-local state = {}
 for s = 0, scopes - 1 do
-  local rpm, tpm, parallel = arg(s, 1), arg(s, 2), arg(s, 3)
-  local st = {req_cur = 0, req_prev = 0, tok_cur = 0, tok_prev = 0}
-  if rpm >= 0 then st.req_cur = num(key(s, 1)); st.req_prev = num(key(s, 2)) end
-  if tpm >= 0 then st.tok_cur = num(key(s, 3)); st.tok_prev = num(key(s, 4)) end
+  local st = state[s]
+  local k, rpm, tpm, parallel = st.k, st.rpm, st.tpm, st.parallel
+  if rpm >= 0 then st.req_cur = count(KEYS[k + 1]); st.req_prev = count(KEYS[k + 2]) end
+  if tpm >= 0 then st.tok_cur = count(KEYS[k + 3]); st.tok_prev = count(KEYS[k + 4]) end
   st.req_used = st.req_prev * weight + st.req_cur
   st.tok_used = st.tok_prev * weight + st.tok_cur
-  state[s] = st
   if code == 0 then
-    if arg(s, 4) >= 0 and num(key(s, 6)) + tokens > arg(s, 4) then
+    if st.budget >= 0 and tonumber(st.spent) + tokens > st.budget then
       code = 4
-    elseif arg(s, 5) >= 0 and num(key(s, 7)) + cost > arg(s, 5) then
+    elseif st.money >= 0 and tonumber(st.spent_money) + cost > st.money then
       code = 6
     elseif rpm >= 0 and st.req_used + 1 > rpm then
       code, retry = 1, wait_for(st.req_cur, st.req_prev, 1, rpm)
     elseif tpm >= 0 and st.tok_used + tokens > tpm then
       code, retry = 2, wait_for(st.tok_cur, st.tok_prev, tokens, tpm)
     elseif parallel >= 0 then
-      redis.call('zremrangebyscore', key(s, 5), '-inf', now)
-      if redis.call('zcard', key(s, 5)) >= parallel then code, retry = 3, 1 end
+      call('zremrangebyscore', KEYS[k + 5], '-inf', now)
+      if call('zcard', KEYS[k + 5]) >= parallel then code, retry = 3, 1 end
     end
     if code ~= 0 then failed = s end
   end
 end
 
-local out = {code, failed, math.floor(retry * 1000), {}}
+local out = {code, failed, floor(retry * 1000), {}}
 for s = 0, scopes - 1 do
   local st = state[s]
-  local rpm, tpm = arg(s, 1), arg(s, 2)
+  local k, rpm, tpm = st.k, st.rpm, st.tpm
   if code == 0 then
+    -- A window counter expires two windows after it was made (it is read in its own window
+    -- and the next): only an INCR that made it sets its TTL.
     if rpm >= 0 then
-      st.req_cur = redis.call('incr', key(s, 1)); redis.call('expire', key(s, 1), 2 * win)
+      st.req_cur = call('incr', KEYS[k + 1])
+      if st.req_cur == 1 then call('expire', KEYS[k + 1], 2 * win) end
       st.req_used = st.req_used + 1
     end
     if tpm >= 0 then
-      st.tok_cur = redis.call('incrby', key(s, 3), tokens); redis.call('expire', key(s, 3), 2 * win)
+      st.tok_cur = call('incrby', KEYS[k + 3], tokens)
+      if st.tok_cur == tokens then call('expire', KEYS[k + 3], 2 * win) end
       st.tok_used = st.tok_used + tokens
     end
-    if arg(s, 3) >= 0 then
-      redis.call('zadd', key(s, 5), now + slot_ttl, member)
-      redis.call('expire', key(s, 5), math.ceil(slot_ttl))
+    if st.parallel >= 0 then
+      call('zadd', KEYS[k + 5], now + slot_ttl, member)
+      call('expire', KEYS[k + 5], math.ceil(slot_ttl))
     end
-    if arg(s, 4) >= 0 then
-      redis.call('incrby', key(s, 6), tokens); redis.call('expire', key(s, 6), arg(s, 6))
+    if st.budget >= 0 then
+      call('incrby', KEYS[k + 6], tokens); call('expire', KEYS[k + 6], st.budget_ttl)
     end
-    if arg(s, 5) >= 0 then
-      redis.call('incrby', key(s, 7), cost); redis.call('expire', key(s, 7), arg(s, 6))
+    if st.money >= 0 then
+      call('incrby', KEYS[k + 7], cost); call('expire', KEYS[k + 7], st.budget_ttl)
     end
   end
-  table.insert(out, math.floor(math.max(0, rpm - st.req_used)))
-  table.insert(out, math.floor(drain(st.req_cur, st.req_prev) * 1000))
-  table.insert(out, math.floor(math.max(0, tpm - st.tok_used)))
-  table.insert(out, math.floor(drain(st.tok_cur, st.tok_prev) * 1000))
+  out[#out + 1] = floor(max(0, rpm - st.req_used))
+  out[#out + 1] = floor(drain(st.req_cur, st.req_prev) * 1000)
+  out[#out + 1] = floor(max(0, tpm - st.tok_used))
+  out[#out + 1] = floor(drain(st.tok_cur, st.tok_prev) * 1000)
 end
 local epoch = ''
 local extra_keys, extra_args = 7 * scopes, 8 + 6 * scopes
 if code == 0 and #KEYS > extra_keys then
-  redis.call('set', KEYS[extra_keys + 1], '1', 'EX', math.ceil(slot_ttl))
-  epoch = redis.call('get', KEYS[extra_keys + 2])
+  call('set', KEYS[extra_keys + 1], '1', 'EX', math.ceil(slot_ttl))
+  epoch = call('getex', KEYS[extra_keys + 2], 'EX', EPOCH_TTL_S)
   if not epoch then
     epoch = ARGV[extra_args + 1]
-    redis.call('set', KEYS[extra_keys + 2], epoch, 'EX', EPOCH_TTL_S)
-  else
-    redis.call('expire', KEYS[extra_keys + 2], EPOCH_TTL_S)
+    call('set', KEYS[extra_keys + 2], epoch, 'EX', EPOCH_TTL_S)
   end
   if #KEYS > extra_keys + 2 then
     -- From here on, a replica that dies is settled by another (gateway.leases).
-    redis.call('hset', KEYS[extra_keys + 3], member, ARGV[extra_args + 2])
+    call('hset', KEYS[extra_keys + 3], member, ARGV[extra_args + 2])
   end
 end
-table.insert(out, epoch)
+out[#out + 1] = epoch
 return out
 """
 

@@ -72,6 +72,28 @@ async def test_sliding_window_weights_the_previous_minute(redis: Redis) -> None:
     await redis.delete(*keys)
 
 
+async def test_window_counters_expire_two_windows_after_they_were_made(redis: Redis) -> None:
+    keys = _keys(f"sg:rl:{{{uuid.uuid4().hex}}}")
+    for request_id in ("a", "b"):
+        code, *_ = await _admit(
+            redis, keys, elapsed=1, rpm=10, tpm=100, cost=5, request_id=request_id
+        )
+        assert code == 0
+    # Made by the first admission with two windows to live; the second does not extend them.
+    await redis.expire(keys[0], 90)
+    await redis.expire(keys[2], 90)
+    code, *_ = await _admit(redis, keys, elapsed=2, rpm=10, tpm=100, cost=5, request_id="c")
+    assert code == 0
+    assert (int(await redis.get(keys[0])), int(await redis.get(keys[2]))) == (3, 15)
+    assert 0 < await redis.ttl(keys[0]) <= 90
+    assert 0 < await redis.ttl(keys[2]) <= 90
+    await redis.delete(*keys)
+    code, *_ = await _admit(redis, keys, elapsed=1, rpm=10, tpm=100, cost=5, request_id="d")
+    assert 110 < await redis.ttl(keys[0]) <= 120
+    assert 110 < await redis.ttl(keys[2]) <= 120
+    await redis.delete(*keys)
+
+
 async def test_tokens_budget_and_slots_book_together_or_not_at_all(redis: Redis) -> None:
     keys = _keys(f"sg:rl:{{{uuid.uuid4().hex}}}")
     first = await _admit(
