@@ -14,7 +14,9 @@ from gateway.api.inference_post import inference_post
 seen: list[BaseRouteHandler] = []
 
 
-async def remember_handler(_: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+async def remember_handler(
+    _: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler
+) -> None:
     seen.append(handler)
 
 
