@@ -15,6 +15,7 @@ from litestar import Request, Response
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 JSON = "application/json"
+_CONTENT_TYPE = (b"content-type", JSON.encode())
 
 
 class JSONBytes(Response[bytes]):
@@ -49,7 +50,7 @@ class _Send:
         self.headers = headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        encoded = [(b"content-type", JSON.encode()), (b"content-length", b"%d" % len(self.body))]
+        encoded = [_CONTENT_TYPE, (b"content-length", b"%d" % len(self.body))]
         encoded += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
         await send({"type": "http.response.start", "status": self.status, "headers": encoded})
         await send({"type": "http.response.body", "body": self.body, "more_body": False})

@@ -91,7 +91,6 @@ _UPSERT_ROLLUPS = text(
     + ", ".join(f"{name} = usage_daily.{name} + excluded.{name}" for name in _ADDED)
     + ", team_id = coalesce(excluded.team_id, usage_daily.team_id)"
 )
-_RECORD_DEFAULTS = {"cached_tokens": 0, "cost_micros": 0}
 
 
 def _aware(moment: dt.datetime) -> dt.datetime:
@@ -111,10 +110,7 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
         seen = unique.get(full["request_id"])
         unique[full["request_id"]] = full if seen is None or bills_more(full, seen) else seen
     full_rows = list(unique.values())
-    arrays: dict[str, list[Any]] = {
-        name: [row.get(name, _RECORD_DEFAULTS.get(name)) for row in full_rows]
-        for name, _ in _RECORD_COLUMNS
-    }
+    arrays = {name: [row.get(name) for row in full_rows] for name, _ in _RECORD_COLUMNS}
     for name in ("started_at", "finished_at"):
         arrays[name] = [_aware(moment) for moment in arrays[name]]
     inserted = (await session.execute(_INSERT_RECORDS, arrays)).all()
@@ -136,15 +132,8 @@ async def insert_usage(session: AsyncSession, rows: Sequence[dict[str, Any]]) ->
         await _raise_counts(session, stored, totals)
     if totals:
         # Sorted: two flushers upsert the same rollup rows in one order (no deadlock).
-        ordered = sorted(totals.items())
-        rollups: dict[str, list[Any]] = {name: [] for name, _ in _ROLLUP_COLUMNS}
-        for (day, key_id, model), (requests, prompt, completion, cost, errors, team) in ordered:
-            for name, value in zip(
-                rollups,
-                (day, key_id, model, requests, prompt, completion, cost, errors, team),
-                strict=True,
-            ):
-                rollups[name].append(value)
+        ordered = [(*key, *total) for key, total in sorted(totals.items())]
+        rollups = {name: [row[i] for row in ordered] for i, (name, _) in enumerate(_ROLLUP_COLUMNS)}
         await session.execute(_UPSERT_ROLLUPS, rollups)
     return len(inserted)
 

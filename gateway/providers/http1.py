@@ -113,14 +113,13 @@ class Http1Pool:
                 keep_alive = False
         except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
             connection.close()
-            if connection.expired:
-                # A slow upstream, not a stale connection.
-                raise TimeoutError(f"{self._host_header} did not answer in time") from None
-            if not fresh and not received_any:
-                raise _StaleConnection from exc
-            raise UpstreamConnectionError(
-                f"connection to {self._host_header} broke: {exc!r}"
-            ) from exc
+            # An expired exchange is a slow upstream, not a stale or broken connection: below.
+            if not connection.expired:
+                if not fresh and not received_any:
+                    raise _StaleConnection from exc
+                raise UpstreamConnectionError(
+                    f"connection to {self._host_header} broke: {exc!r}"
+                ) from exc
         except BaseException:
             # Cancelled mid-exchange: the connection's state is unknown.
             connection.close()
@@ -128,8 +127,8 @@ class Http1Pool:
         finally:
             timer.cancel()
         if connection.expired:
-            # Expired while the last bytes came: a body read to the connection's end would not
-            # tell a cut from the whole.
+            # Also when the last bytes came as it expired: a body read to the connection's end
+            # would not tell a cut from the whole.
             raise TimeoutError(f"{self._host_header} did not answer in time")
         if keep_alive and len(self._idle) < self._max_idle:
             self._idle.append(connection)
