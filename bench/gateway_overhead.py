@@ -16,9 +16,13 @@ Last line: JSON with ``median_added_ms``, ``p99_added_ms``, ``rps``, ``errors`` 
 Targets on a 2-core machine: median added <= 1.5 ms, >= 1,000 requests/s.
 
 ``--peers`` also runs LiteLLM's proxy and Portkey's gateway (see gateway_peers.py) on the same
-upstream in the same run, measured the same way one after the other, and reports each one's
-added latency and req/s beside ours under ``peers`` (the target: at least 2x Portkey's req/s
-at no more than half its added latency).
+upstream in the same run and reports each one's added latency and req/s beside ours under
+``peers`` (the target: at least 2x Portkey's req/s at no more than half its added latency).
+All three run at once and take turns at the sequential rounds in blocks of 100 (each block
+interleaving one gateway with the direct path), so that a drift in this machine's speed (tens
+of percent within minutes) touches them alike; the load runs then go one gateway at a time.
+(Measured one after the other instead, our added latency over Portkey's swung from 0.33x to
+0.64x between runs on one machine; in blocks, seven runs gave 0.57-0.67x.)
 
 Environment: ``SLUICEGATE_DATABASE_URL`` (a database the bench may create databases on;
 default the local ``test`` database) and ``SLUICEGATE_REDIS_URL``.
@@ -41,7 +45,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import gateway_peers
 import httpx
@@ -50,6 +53,8 @@ import yaml
 from gateway.db.scratch import scratch_database
 
 MODEL = "bench"
+LATENCY_BLOCK_ROUNDS = 100
+"""Sequential rounds a gateway runs before the next one takes its turn."""
 REQUEST_BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
 ).encode()
@@ -204,6 +209,8 @@ def percentile(values: list[float], q: float) -> float:
 async def latency_rounds(
     direct: tuple[int, bytes], gateway: tuple[int, bytes], rounds: int
 ) -> tuple[list[float], list[float], int]:
+    """Sequential requests, one at a time, to the upstream directly and through the gateway,
+    interleaved in rounds (the order flips every round): (direct ms, gateway ms, errors)."""
     direct_conn = await Connection.open(direct[0])
     gateway_conn = await Connection.open(gateway[0])
     direct_ms: list[float] = []
@@ -227,6 +234,26 @@ async def latency_rounds(
     direct_conn.close()
     gateway_conn.close()
     return direct_ms, gateway_ms, errors
+
+
+async def latency_blocks(
+    direct: tuple[int, bytes], gateways: dict[str, tuple[int, bytes]], rounds: int
+) -> dict[str, tuple[list[float], list[float], int]]:
+    """``latency_rounds`` for every gateway, ``rounds`` each, in blocks taken in turn, so that
+    a drift in this machine's speed (tens of percent within minutes) touches all alike. Each
+    gateway is alone in its block: a gateway's work after its answers (settling, logging)
+    falls on its own block, as it would on a machine of its own, not on another's requests."""
+    timed: dict[str, tuple[list[float], list[float], int]] = {
+        name: ([], [], 0) for name in gateways
+    }
+    blocks = max(1, rounds // LATENCY_BLOCK_ROUNDS)
+    for block in range(blocks):
+        size = rounds // blocks + (block < rounds % blocks)
+        for name, gateway in gateways.items():
+            direct_ms, gateway_ms, errors = await latency_rounds(direct, gateway, size)
+            so_far = timed[name]
+            timed[name] = (so_far[0] + direct_ms, so_far[1] + gateway_ms, so_far[2] + errors)
+    return timed
 
 
 async def throughput(port: int, raw: bytes, clients: int, seconds: float) -> tuple[float, int, int]:
@@ -364,7 +391,11 @@ def main() -> int:
         gateway_cmd = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1"]
         gateway_cmd += ["--port", str(gateway_port), "--log-level", "warning"]
         gateway_cmd += ["--workers", str(args.workers)]
-        with process(upstream_cmd) as upstream, process(gateway_cmd, env) as gateway:
+        with (
+            process(upstream_cmd) as upstream,
+            process(gateway_cmd, env) as gateway,
+            contextlib.ExitStack() as peers,
+        ):
             wait_ready(f"http://127.0.0.1:{gateway_port}/health/live", gateway)
             for _ in range(100):
                 with contextlib.suppress(OSError):
@@ -374,16 +405,18 @@ def main() -> int:
             if upstream.poll() is not None:
                 raise RuntimeError("upstream exited")
             gateway_request = build_request(gateway_port, "/v1/chat/completions", api_key)
-            result = asyncio.run(
-                measure(
-                    "sluicegate", args, upstream_port, (gateway_port, gateway_request), gateway.pid
-                )
-            )
+            gateways = {"sluicegate": (gateway_port, gateway_request, gateway.pid)}
+            if args.peers:
+                gateways |= start_peers(args, upstream_port, peers)
+            results = asyncio.run(measure(args, upstream_port, gateways))
+            result = results.pop("sluicegate")
             result["usage_records"] = asyncio.run(
                 _count_usage(database_url, redis_url, usage_stream, result["gateway_requests"])
             )
             if args.peers:
-                result["peers"] = run_peers(args, upstream_port)
+                result["peers"] = {
+                    name: {k: peer[k] for k in PEER_FIELDS} for name, peer in results.items()
+                }
                 result |= gateway_peers.verdict(result, result["peers"].get("portkey"))
     print(json.dumps(result))
     return 0
@@ -411,79 +444,83 @@ async def _count_usage(database_url: str, redis_url: str, stream: str, expected:
     return int(rows)
 
 
-def run_peers(args: argparse.Namespace, upstream_port: int) -> dict[str, dict[str, Any]]:
-    """Each peer gateway in turn on the same upstream, measured like ours."""
-    peers: dict[str, dict[str, Any]] = {}
+PEER_FIELDS = ("median_added_ms", "p99_added_ms", "rps", "errors", "gateway_cpu_ms_per_request")
+
+
+def start_peers(
+    args: argparse.Namespace, upstream_port: int, stack: contextlib.ExitStack
+) -> dict[str, tuple[int, bytes, int]]:
+    """LiteLLM's and Portkey's gateways on the same upstream, running until ``stack`` closes:
+    name -> (port, the request to send it, its process id)."""
+    peers = {}
     starters = {"litellm": (gateway_peers.litellm, args.litellm)}
     starters["portkey"] = (gateway_peers.portkey, args.portkey)
     for name, (starter, path) in starters.items():
         port = free_port()
-        with starter(path, port, upstream_port, MODEL, REQUEST_BODY, process) as (proc, raw, ready):
-            wait_ready(ready, proc, timeout_s=180)
-            result = asyncio.run(measure(name, args, upstream_port, (port, raw), proc.pid))
-        peers[name] = {
-            k: result[k]
-            for k in (
-                "median_added_ms",
-                "p99_added_ms",
-                "rps",
-                "errors",
-                "gateway_cpu_ms_per_request",
-            )
-        }
+        proc, raw, ready = stack.enter_context(
+            starter(path, port, upstream_port, MODEL, REQUEST_BODY, process)
+        )
+        wait_ready(ready, proc, timeout_s=180)
+        peers[name] = (port, raw, proc.pid)
     return peers
 
 
 async def measure(
-    name: str,
-    args: argparse.Namespace,
-    upstream_port: int,
-    gateway: tuple[int, bytes],
-    pid: int,
-) -> dict[str, float | int]:
-    gateway_port = gateway[0]
+    args: argparse.Namespace, upstream_port: int, gateways: dict[str, tuple[int, bytes, int]]
+) -> dict[str, dict[str, float | int]]:
+    """Every gateway's added latency (timed in the same rounds) and then, one gateway at a
+    time, its requests/s under load and the CPU it spent on them."""
     direct = (upstream_port, build_request(upstream_port, "/v1/chat/completions", None))
+    targets = {name: (port, raw) for name, (port, raw, _) in gateways.items()}
     # Warm up: the key cache, connection pools, scripts.
-    await latency_rounds(direct, gateway, 200)
-    _, _, warm = await throughput(gateway_port, gateway[1], args.clients, 1.0)
+    for target in targets.values():
+        await latency_rounds(direct, target, 200)
+    warm = {}
+    for name, (port, raw) in targets.items():
+        warm[name] = (await throughput(port, raw, args.clients, 1.0))[2]
 
-    direct_ms, gateway_ms, seq_errors = await latency_rounds(direct, gateway, args.rounds)
-    paired = sorted(g - d for g, d in zip(gateway_ms, direct_ms, strict=True))
-    median_direct, median_gateway = statistics.median(direct_ms), statistics.median(gateway_ms)
-    p99_direct, p99_gateway = percentile(direct_ms, 0.99), percentile(gateway_ms, 0.99)
-    print(
-        f"{name}: sequential, {args.rounds} rounds: direct median {median_direct:.3f} ms "
-        f"p99 {p99_direct:.3f} ms | gateway median {median_gateway:.3f} ms "
-        f"p99 {p99_gateway:.3f} ms | added median {median_gateway - median_direct:.3f} ms "
-        f"(paired {statistics.median(paired):.3f} ms) p99 {p99_gateway - p99_direct:.3f} ms"
-    )
+    latencies = await latency_blocks(direct, targets, args.rounds)
     direct_rps, direct_errors, _ = await throughput(
         upstream_port, direct[1], args.clients, args.seconds
     )
-    cpu_before = cpu_seconds(pid)
-    gateway_rps, gateway_errors, loaded = await throughput(
-        gateway_port, gateway[1], args.clients, args.seconds
-    )
-    cpu_ms_per_request = (cpu_seconds(pid) - cpu_before) * 1000 / (gateway_rps * args.seconds)
-    print(
-        f"{name}: {args.clients} concurrent clients, {args.seconds:.0f} s each: direct {direct_rps:,.0f} "
-        f"req/s, gateway {gateway_rps:,.0f} req/s ({gateway_rps / direct_rps:.2f}x), "
-        f"gateway errors {gateway_errors}; gateway CPU {cpu_ms_per_request:.3f} ms/request"
-    )
-    return {
-        "median_added_ms": round(median_gateway - median_direct, 3),
-        "p99_added_ms": round(p99_gateway - p99_direct, 3),
-        "paired_median_added_ms": round(statistics.median(paired), 3),
-        "median_direct_ms": round(median_direct, 3),
-        "median_gateway_ms": round(median_gateway, 3),
-        "rps": round(gateway_rps, 1),
-        "direct_rps": round(direct_rps, 1),
-        "errors": seq_errors + gateway_errors + direct_errors,
-        "gateway_cpu_ms_per_request": round(cpu_ms_per_request, 3),
-        "gateway_requests": 200 + warm + args.rounds + loaded,
-        "clients": args.clients,
-        "gateway_workers": args.workers,
-    }
+    results: dict[str, dict[str, float | int]] = {}
+    for name, (port, raw, pid) in gateways.items():
+        direct_ms, gateway_ms, seq_errors = latencies[name]
+        median_direct, p99_direct = statistics.median(direct_ms), percentile(direct_ms, 0.99)
+        paired = sorted(g - d for g, d in zip(gateway_ms, direct_ms, strict=True))
+        median_gateway, p99_gateway = statistics.median(gateway_ms), percentile(gateway_ms, 0.99)
+        print(
+            f"{name}: sequential, {args.rounds} rounds: direct median {median_direct:.3f} ms "
+            f"p99 {p99_direct:.3f} ms | gateway median {median_gateway:.3f} ms "
+            f"p99 {p99_gateway:.3f} ms | added median {median_gateway - median_direct:.3f} ms "
+            f"(paired {statistics.median(paired):.3f} ms) p99 {p99_gateway - p99_direct:.3f} ms"
+        )
+        cpu_before = cpu_seconds(pid)
+        gateway_rps, gateway_errors, loaded = await throughput(
+            port, raw, args.clients, args.seconds
+        )
+        cpu_ms_per_request = (cpu_seconds(pid) - cpu_before) * 1000 / (gateway_rps * args.seconds)
+        print(
+            f"{name}: {args.clients} concurrent clients, {args.seconds:.0f} s each: direct "
+            f"{direct_rps:,.0f} req/s, gateway {gateway_rps:,.0f} req/s "
+            f"({gateway_rps / direct_rps:.2f}x), gateway errors {gateway_errors}; "
+            f"gateway CPU {cpu_ms_per_request:.3f} ms/request"
+        )
+        results[name] = {
+            "median_added_ms": round(median_gateway - median_direct, 3),
+            "p99_added_ms": round(p99_gateway - p99_direct, 3),
+            "paired_median_added_ms": round(statistics.median(paired), 3),
+            "median_direct_ms": round(median_direct, 3),
+            "median_gateway_ms": round(median_gateway, 3),
+            "rps": round(gateway_rps, 1),
+            "direct_rps": round(direct_rps, 1),
+            "errors": seq_errors + gateway_errors + direct_errors,
+            "gateway_cpu_ms_per_request": round(cpu_ms_per_request, 3),
+            "gateway_requests": 200 + warm[name] + args.rounds + loaded,
+            "clients": args.clients,
+            "gateway_workers": args.workers if name == "sluicegate" else 1,
+        }
+    return results
 
 
 if __name__ == "__main__":
