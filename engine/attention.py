@@ -1,10 +1,11 @@
 """Paged attention layer and the choice of backend behind it.
 
-Two backends share one interface (``store_kv`` + ``paged_attention`` with the signatures of
+Three backends share one interface (``store_kv`` + ``paged_attention`` with the signatures of
 ``kernels.reference``): ``triton`` (the kernels package; default on CUDA, and usable on CPU
-tensors under ``TRITON_INTERPRET=1``) and ``torch`` (``kernels.reference``, default on CPU).
-An explicit engine option wins over ``SLUICEGATE_ATTENTION_BACKEND``, which wins over the
-device default.
+tensors under ``TRITON_INTERPRET=1``), ``cpu`` (``kernels.cpu_attention``: the reference with
+a compiled C++ decode kernel; default on the CPU when it can be built) and ``torch``
+(``kernels.reference``, the CPU default without a C++ compiler). An explicit engine option
+wins over ``SLUICEGATE_ATTENTION_BACKEND``, which wins over the device default.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "cpu", "torch")
 BACKEND_ENV = "SLUICEGATE_ATTENTION_BACKEND"
 
 
@@ -27,10 +28,16 @@ class AttentionBackend:
     paged_attention: Callable[..., torch.Tensor]
 
 
+def _device_default(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "triton"
+    from kernels import cpu_attention
+
+    return "cpu" if cpu_attention.available() else "torch"
+
+
 def resolve_backend_name(requested: str | None, device: torch.device) -> str:
-    name = (
-        requested or os.environ.get(BACKEND_ENV) or ("triton" if device.type == "cuda" else "torch")
-    )
+    name = requested or os.environ.get(BACKEND_ENV) or _device_default(device)
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
     return name
@@ -42,6 +49,10 @@ def load_backend(requested: str | None, device: torch.device) -> AttentionBacken
         import kernels
 
         return AttentionBackend(name, kernels.store_kv, kernels.paged_attention)
+    if name == "cpu":
+        from kernels import cpu_attention
+
+        return AttentionBackend(name, cpu_attention.store_kv, cpu_attention.paged_attention)
     from kernels import reference
 
     return AttentionBackend(name, reference.store_kv, reference.paged_attention)

@@ -12,7 +12,7 @@ class EngineOptions:
     """How one engine is built. KV cache size: ``num_kv_blocks`` if given; else on CUDA
     ``gpu_memory_utilization`` x total memory less weights and peak activations; else on CPU
     ``kv_cache_memory`` bytes (default 1 GiB). ``max_model_len`` defaults to the model's
-    ``max_position_embeddings``; ``attention_backend`` is "triton" or "torch" (default by
+    ``max_position_embeddings``; ``attention_backend`` is "triton", "cpu" or "torch" (default by
     device, or ``SLUICEGATE_ATTENTION_BACKEND``); ``seed`` seeds unseeded sampling."""
 
     block_size: int = 16

@@ -111,7 +111,7 @@ def paged_attention(
         )
     for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
         if end - start > 1:
-            out[start:end] = _prefill_one(
+            out[start:end] = prefill_one(
                 q[start:end], k_cache, v_cache, block_tables[i], lens[i], softmax_scale
             )
     return out
@@ -157,7 +157,7 @@ def _decode(
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)
 
 
-def _prefill_one(
+def prefill_one(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

@@ -1,0 +1,120 @@
+"""Paged attention on the CPU with a compiled decode kernel (``csrc/paged_decode.cpp``).
+
+The torch reference (``kernels.reference``) decodes by gathering every request's blocks into
+one padded fp32 copy and running SDPA over it; on a CPU that copy is most of the step's
+attention time. The C++ kernel reads keys and values in place through the block table, one
+task per (request, KV head), and is several times faster on decode batches
+(``bench/kernels.py --cpu``). Prefill rows still go through the reference (SDPA's flash
+kernel). Same signatures as ``kernels.reference``, float32 caches only (others take the
+reference whole).
+
+The kernel is built with torch's C++ extension loader on first use (about half a minute;
+cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Without a
+C++ compiler it cannot be built: ``available()`` says so, and the engine keeps the torch
+backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import platform
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from kernels import reference
+from kernels.reference import store_kv
+
+__all__ = ["available", "paged_attention", "store_kv"]
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
+
+
+def _cpu_flags() -> tuple[str, list[str]]:
+    """A name suffix and the vector flags this CPU takes. Not ``-march=native``: a build cache
+    shared with another machine (a home directory, an image layer) must not load code its CPU
+    lacks, so the flags are part of the extension's name."""
+    if platform.machine() in ("x86_64", "AMD64"):
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+        if " avx2 " in cpuinfo and " fma " in cpuinfo:
+            return "avx2", ["-mavx2", "-mfma"]
+    return "generic", []
+
+
+@functools.cache
+def _extension() -> ModuleType | None:
+    from torch.utils.cpp_extension import load
+
+    suffix, flags = _cpu_flags()
+    try:
+        return load(
+            name=f"sluicegate_paged_decode_{suffix}",
+            sources=[str(_SOURCE)],
+            # -fopenmp: at::parallel_for is inline OpenMP, serial in code built without it.
+            extra_cflags=["-O3", "-ffast-math", "-fopenmp", *flags],
+            extra_ldflags=["-fopenmp"],
+        )
+    except Exception as exc:  # no compiler, no headers: the torch backend serves instead
+        logger.warning("CPU decode kernel unavailable (%s); using the torch reference", exc)
+        return None
+
+
+def available() -> bool:
+    """Whether the compiled decode kernel could be built (builds it on first call)."""
+    return _extension() is not None
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+    *,
+    num_decodes: int | None = None,
+) -> torch.Tensor:
+    """``kernels.reference.paged_attention``, its one-query rows by the compiled kernel."""
+    extension = _extension()
+    if extension is None or k_cache.dtype != torch.float32 or q.dtype != torch.float32:
+        return reference.paged_attention(
+            q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, softmax_scale
+        )
+    num_tokens = q.shape[0]
+    num_seqs = seq_lens.shape[0]
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    if num_tokens == num_seqs:
+        # One query per request: all decodes (the common step), no reordering.
+        return extension.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens, softmax_scale)
+    out = torch.empty_like(q)
+    starts = cu_seqlens_q[:-1].tolist()
+    ends = cu_seqlens_q[1:].tolist()
+    decodes = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if e - s == 1]
+    if decodes:
+        seqs = torch.tensor(decodes)
+        rows = torch.tensor([starts[i] for i in decodes])
+        decoded = extension.paged_decode(
+            q.index_select(0, rows),
+            k_cache,
+            v_cache,
+            tables.index_select(0, seqs),
+            lens.index_select(0, seqs),
+            softmax_scale,
+        )
+        out.index_copy_(0, rows, decoded)
+    lengths = lens.tolist()
+    for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        if end - start > 1:
+            out[start:end] = reference.prefill_one(
+                q[start:end], k_cache, v_cache, block_tables[i], lengths[i], softmax_scale
+            )
+    return out
