@@ -4,7 +4,7 @@ The torch reference (``kernels.reference``) decodes by gathering every request's
 one padded fp32 copy and running SDPA over it; on a CPU that copy is most of the step's
 attention time. The C++ kernel reads keys and values in place through the block table, one
 task per (request, KV head), and is several times faster on decode batches
-(``bench/kernels.py --cpu``). Prefill rows still go through the reference (SDPA's flash
+(``bench/cpu_decode.py``). Prefill rows still go through the reference (SDPA's flash
 kernel). Same signatures as ``kernels.reference``, float32 caches only (others take the
 reference whole).
 
