@@ -5,7 +5,7 @@ one padded fp32 copy and running SDPA over it; on a CPU that copy is most of the
 attention time. The C++ kernel reads keys and values in place through the block table, one
 task per (request, KV head), and is several times faster on decode batches
 (``bench/cpu_decode.py``). Prefill rows still go through the reference (SDPA's flash
-kernel). Same signatures as ``kernels.reference``, float32 caches only (others take the
+kernel). Same signatures as ``kernels.reference``, float32 CPU tensors only (others take the
 reference whole).
 
 The kernel is built with torch's C++ extension loader on first use (about half a minute;
@@ -84,7 +84,12 @@ def paged_attention(
 ) -> torch.Tensor:
     """``kernels.reference.paged_attention``, its one-query rows by the compiled kernel."""
     extension = _extension()
-    if extension is None or k_cache.dtype != torch.float32 or q.dtype != torch.float32:
+    if (
+        extension is None
+        or q.device.type != "cpu"
+        or k_cache.dtype != torch.float32
+        or q.dtype != torch.float32
+    ):
         return reference.paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, softmax_scale
         )

@@ -24,6 +24,8 @@ torch::Tensor paged_decode(
     const torch::Tensor& block_tables,
     const torch::Tensor& seq_lens,
     double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "paged_decode runs on CPU tensors");
   TORCH_CHECK(q.dtype() == torch::kFloat32 && k_cache.dtype() == torch::kFloat32 &&
                   v_cache.dtype() == torch::kFloat32,
               "paged_decode takes float32 queries and caches");
