@@ -1,4 +1,5 @@
-"""Triton kernels for the engine's hot path, each with a plain-torch twin in ``kernels.reference``.
+"""Triton kernels for the engine's hot path, each with a plain-torch twin in ``kernels.reference``
+(and, for the CPU, ``kernels.cpu_attention``: a C++ decode kernel beside the same twin).
 
 ``kernels.store_kv`` and ``kernels.paged_attention`` are the Triton ops. They load lazily
 (module ``__getattr__``) so that ``import kernels.reference`` neither imports triton nor needs a

@@ -53,6 +53,7 @@ def _extension() -> ModuleType | None:
     from torch.utils.cpp_extension import load
 
     suffix, flags = _cpu_flags()
+    logger.info("loading the CPU decode kernel (compiled on first use: about half a minute)")
     try:
         return load(
             name=f"sluicegate_paged_decode_{suffix}",
