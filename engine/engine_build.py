@@ -12,8 +12,8 @@ import torch
 from engine.engine_options import EngineOptions
 from engine.model_runner import ModelRunner
 from engine.models import load_model
+from engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
 from engine.models.llama import LlamaForCausalLM
-from engine.models.onednn import can_use_onednn, use_onednn_linears
 
 if TYPE_CHECKING:
     from engine.models.transformers_backend import TransformersCausalLM
@@ -27,8 +27,10 @@ def load_engine_model(model: str | Path, device: torch.device, options: EngineOp
     loaded = load_model(model, device, options.dtype, options.model_impl)
     # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
     compiling = options.cpu_compile and not options.enforce_eager
-    if options.onednn_linears and not compiling and can_use_onednn(loaded):
-        use_onednn_linears(loaded)
+    if not compiling:
+        kind = resolve_cpu_linears(options.cpu_linears, loaded)
+        if swap_cpu_linears(loaded, kind):
+            logger.info("CPU linears: %s", kind)
     return loaded
 
 

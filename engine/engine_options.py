@@ -32,8 +32,9 @@ class EngineOptions:
     # core). On a machine shared with other busy processes, 1 can be far faster: each op
     # splits its work evenly, so a thread that is not scheduled stalls the whole op.
     num_threads: int | None = None
-    # CPU float32 only: run the linears through oneDNN (see engine.models.onednn).
-    onednn_linears: bool = True
+    # CPU float32 only: the linears' kernel, "auto", "packed", "onednn" or "torch" (see
+    # engine.models.cpu_linears).
+    cpu_linears: str = "auto"
     # "native" (our own Llama/Mistral/Qwen2/Qwen3 code), "transformers" (the checkpoint's
     # transformers class on our paged attention), or "auto": native where there is one.
     model_impl: str = "auto"

@@ -41,7 +41,7 @@ class LLM:
     """A model folder loaded into one engine, for offline batch generation.
 
     Extra keyword options (``kv_cache_memory``, ``gpu_memory_utilization``, ``max_model_len``,
-    ``max_waiting``, ``attention_backend``, ``seed``, ``num_threads``, ``onednn_linears``,
+    ``max_waiting``, ``attention_backend``, ``seed``, ``num_threads``, ``cpu_linears``,
     ``model_impl``) are those of ``engine.engine_options.EngineOptions``; ``model_impl`` is
     "auto" (native code for Llama, Mistral, Qwen2, Qwen3, otherwise the checkpoint's
     transformers class on our paged attention), "native" or "transformers".

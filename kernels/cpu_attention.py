@@ -8,68 +8,24 @@ task per (request, KV head), and is several times faster on decode batches
 kernel). Same signatures as ``kernels.reference``, float32 CPU tensors only (others take the
 reference whole).
 
-The kernel is built with torch's C++ extension loader on first use (about half a minute;
-cached under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``). Without a
-C++ compiler it cannot be built: ``available()`` says so, and the engine keeps the torch
-backend.
+The kernel is part of the CPU kernels' extension (``kernels.cpu_build``), built on first use;
+without a C++ compiler ``available()`` says no and the engine keeps the torch backend.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import platform
-from pathlib import Path
-from types import ModuleType
-
 import torch
 
 from kernels import reference
+from kernels.cpu_build import extension
 from kernels.reference import store_kv
 
 __all__ = ["available", "paged_attention", "store_kv"]
 
-logger = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
-
-
-def _cpu_flags() -> tuple[str, list[str]]:
-    """A name suffix and the vector flags this CPU takes. Not ``-march=native``: a build cache
-    shared with another machine (a home directory, an image layer) must not load code its CPU
-    lacks, so the flags are part of the extension's name."""
-    if platform.machine() in ("x86_64", "AMD64"):
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-        if " avx2 " in cpuinfo and " fma " in cpuinfo:
-            return "avx2", ["-mavx2", "-mfma"]
-    return "generic", []
-
-
-@functools.cache
-def _extension() -> ModuleType | None:
-    from torch.utils.cpp_extension import load
-
-    suffix, flags = _cpu_flags()
-    logger.info("loading the CPU decode kernel (compiled on first use: about half a minute)")
-    try:
-        return load(
-            name=f"sluicegate_paged_decode_{suffix}",
-            sources=[str(_SOURCE)],
-            # -fopenmp: at::parallel_for is inline OpenMP, serial in code built without it.
-            extra_cflags=["-O3", "-ffast-math", "-fopenmp", *flags],
-            extra_ldflags=["-fopenmp"],
-        )
-    except Exception as exc:  # no compiler, no headers: the torch backend serves instead
-        logger.warning("CPU decode kernel unavailable (%s); using the torch reference", exc)
-        return None
-
 
 def available() -> bool:
     """Whether the compiled decode kernel could be built (builds it on first call)."""
-    return _extension() is not None
+    return extension() is not None
 
 
 def paged_attention(
@@ -84,9 +40,9 @@ def paged_attention(
     num_decodes: int | None = None,
 ) -> torch.Tensor:
     """``kernels.reference.paged_attention``, its one-query rows by the compiled kernel."""
-    extension = _extension()
+    kernels = extension()
     if (
-        extension is None
+        kernels is None
         or q.device.type != "cpu"
         or k_cache.dtype != torch.float32
         or q.dtype != torch.float32
@@ -100,7 +56,7 @@ def paged_attention(
     lens = seq_lens.to(torch.int32).contiguous()
     if num_tokens == num_seqs:
         # One query per request: all decodes (the common step), no reordering.
-        return extension.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens, softmax_scale)
+        return kernels.paged_decode(q.contiguous(), k_cache, v_cache, tables, lens, softmax_scale)
     out = torch.empty_like(q)
     starts = cu_seqlens_q[:-1].tolist()
     ends = cu_seqlens_q[1:].tolist()
@@ -108,7 +64,7 @@ def paged_attention(
     if decodes:
         seqs = torch.tensor(decodes)
         rows = torch.tensor([starts[i] for i in decodes])
-        decoded = extension.paged_decode(
+        decoded = kernels.paged_decode(
             q.index_select(0, rows),
             k_cache,
             v_cache,

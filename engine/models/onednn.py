@@ -1,9 +1,8 @@
-"""CPU float32 linears through oneDNN instead of aten's default GEMM.
+"""CPU float32 linears through oneDNN instead of aten's default GEMM (one of the engine's CPU
+linear kernels: see ``engine.models.cpu_linears``).
 
 On this project's CPUs (AMD EPYC) oneDNN's JIT kernels run the engine's small-batch linears
-(tens of rows against a 512x32000 or 512x2816 weight) about 1.3-1.9x faster than the default
-path, and decode steps are almost all such linears. The maths is the same fp32 product; only
-the summation order differs, as between any two GEMM libraries.
+(tens of rows against a 512x32000 or 512x2816 weight) about 1.3-1.9x faster than aten's.
 """
 
 from __future__ import annotations
@@ -40,23 +39,3 @@ class OneDNNLinear(nn.Module):
         else:
             out = torch._C._nn.mkldnn_linear(rows.to_mkldnn(), self.weight, self.bias).to_dense()
         return out.view(*x.shape[:-1], self.out_features)
-
-
-def can_use_onednn(model: nn.Module) -> bool:
-    params = list(model.parameters())
-    return (
-        torch.backends.mkldnn.is_available()
-        and bool(params)
-        and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
-    )
-
-
-def use_onednn_linears(model: nn.Module) -> int:
-    """Swap every ``nn.Linear`` of a loaded CPU float32 model in place; returns how many."""
-    swapped = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, OneDNNLinear(child))
-                swapped += 1
-    return swapped

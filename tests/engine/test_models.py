@@ -200,19 +200,36 @@ def test_attention_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_backend_name("flash", CPU)
 
 
-def test_onednn_linears_compute_the_same_product(llama_dir: Path) -> None:
-    from engine.models.onednn import OneDNNLinear, can_use_onednn, use_onednn_linears
+@pytest.mark.parametrize("kind", ["onednn", "packed"])
+def test_cpu_linears_compute_the_same_product(llama_dir: Path, kind: str) -> None:
+    from engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
+    from kernels import cpu_linear
 
+    if kind == "packed" and not cpu_linear.available():
+        pytest.skip("the packed linears need the CPU kernels built with AVX2 and FMA")
     model = load_model(llama_dir, CPU)
-    assert can_use_onednn(model)
+    assert resolve_cpu_linears(kind, model) == kind
     linear = model.model.layers[0].mlp.gate_up_proj
     x = torch.randn(3, 5, linear.in_features)
     with torch.inference_mode():
         expected = linear(x)
-        swapped = OneDNNLinear(linear)
+        assert swap_cpu_linears(model, kind) == 2 * 4 + 1  # qkv, o, gate_up, down + lm_head
+        swapped = model.model.layers[0].mlp.gate_up_proj
+        assert type(swapped).__name__ == {"onednn": "OneDNNLinear", "packed": "PackedLinear"}[kind]
         torch.testing.assert_close(swapped(x), expected, atol=1e-5, rtol=1e-5)
-    assert use_onednn_linears(model) == 2 * 4 + 1  # qkv, o, gate_up, down per layer + lm_head
-    assert not can_use_onednn(load_model(llama_dir, CPU, dtype="bfloat16"))
+
+
+def test_cpu_linears_choice(llama_dir: Path) -> None:
+    from engine.models.cpu_linears import resolve_cpu_linears
+    from kernels import cpu_linear
+
+    model = load_model(llama_dir, CPU)
+    assert resolve_cpu_linears("auto", model) == ("packed" if cpu_linear.available() else "onednn")
+    assert resolve_cpu_linears("torch", model) == "torch"
+    # Only float32 CPU models take another kernel than aten's.
+    assert resolve_cpu_linears("auto", load_model(llama_dir, CPU, dtype="bfloat16")) == "torch"
+    with pytest.raises(ValueError, match="unknown cpu_linears"):
+        resolve_cpu_linears("mkl", model)
 
 
 def test_sliding_window_caps_the_context(mistral_dir: Path, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ def _assert_matches_reference(case, tolerances) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("head_dim", [64, 128, 80, 36])
 @pytest.mark.parametrize(
     "num_heads,num_kv_heads", [(4, 4), (8, 2), (14, 2)], ids=["mha", "gqa4", "gqa7"]
 )

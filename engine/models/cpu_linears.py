@@ -1,0 +1,76 @@
+"""Which kernel runs a CPU float32 model's linears: ``packed`` (the compiled packed-weight
+product, ``kernels.cpu_linear``), ``onednn`` (``engine.models.onednn``) or ``torch`` (aten's
+default GEMM, ``nn.Linear`` as loaded). ``auto`` takes the first this machine can run.
+
+Decode steps are almost all linears of a few tens of rows against every weight of the model:
+on this project's 2-core AMD EPYC machines, the whole set of a decode step's linears runs
+about 1.5x faster packed than through oneDNN, and oneDNN 1.3-1.9x faster than aten
+(``bench/cpu_linear.py``). The maths is the same float32 product; only the summation order
+differs, as between any two GEMM libraries.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.models.onednn import OneDNNLinear
+
+CPU_LINEARS = ("auto", "packed", "onednn", "torch")
+
+
+class PackedLinear(nn.Module):
+    """An ``nn.Linear`` whose weight and bias were packed once for ``kernels.cpu_linear``."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        from kernels import cpu_linear
+
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self._linear = cpu_linear.linear
+        self.packed = cpu_linear.pack(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.packed)
+
+
+def _float32_on_cpu(model: nn.Module) -> bool:
+    params = list(model.parameters())
+    return bool(params) and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
+
+
+def resolve_cpu_linears(requested: str, model: nn.Module) -> str:
+    """The kernel ``requested`` means for ``model``: ``torch`` unless the model is float32 on
+    the CPU; ``auto`` the fastest this machine has."""
+    if requested not in CPU_LINEARS:
+        raise ValueError(f"unknown cpu_linears {requested!r}; choose one of {CPU_LINEARS}")
+    if requested == "torch" or not _float32_on_cpu(model):
+        return "torch"
+    if requested in ("auto", "packed"):
+        from kernels import cpu_linear
+
+        if cpu_linear.available():
+            return "packed"
+        if requested == "packed":
+            raise ValueError("cpu_linears='packed' needs the CPU kernels built with AVX2 and FMA")
+    if torch.backends.mkldnn.is_available():
+        return "onednn"
+    if requested == "onednn":
+        raise ValueError("cpu_linears='onednn' needs a torch built with oneDNN")
+    return "torch"
+
+
+def swap_cpu_linears(model: nn.Module, kind: str) -> int:
+    """Replace every ``nn.Linear`` of a loaded model in place with ``kind``'s module (from
+    ``resolve_cpu_linears``); returns how many."""
+    replacement = {"packed": PackedLinear, "onednn": OneDNNLinear}.get(kind)
+    if replacement is None:
+        return 0
+    swapped = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, replacement(child))
+                swapped += 1
+    return swapped

@@ -1,0 +1,50 @@
+"""Float32 linears on the CPU through the compiled packed-weight product
+(``csrc/packed_linear.cpp``); ``torch.nn.functional.linear`` is its reference.
+
+A decode step multiplies a few tens of rows by every weight of the model, so it streams all
+the weights from memory once per step. oneDNN (the engine's other CPU path) leaves that
+stream idle while it computes; this kernel keeps the weight in 16-column panels read
+sequentially, six rows per register tile, and prefetches the next panel while it works on
+the current one (``bench/cpu_linear.py``). Part of the CPU kernels' extension
+(``kernels.cpu_build``); ``available()`` is False without a compiler or without AVX2 and FMA.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_build import extension
+
+__all__ = ["PackedWeight", "available", "linear", "pack"]
+
+
+def available() -> bool:
+    """Whether the packed product was built for this CPU (builds the extension on first call)."""
+    kernels = extension()
+    return kernels is not None and bool(kernels.packed_linear_supported())
+
+
+class PackedWeight:
+    """A linear layer's float32 weight ([out, in]) and bias, packed once for ``linear``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        kernels = extension()
+        assert kernels is not None, "check kernels.cpu_linear.available() first"
+        self.out_features, self.in_features = weight.shape
+        self.panels = kernels.pack_linear_weight(weight.detach().float().contiguous())
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+
+
+def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
+    return PackedWeight(weight, bias)
+
+
+def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
+    """``torch.nn.functional.linear(x, weight, bias)`` for float32 ``x`` of any leading shape."""
+    kernels = extension()
+    assert kernels is not None
+    rows = x.reshape(-1, weight.in_features)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = kernels.packed_linear(rows, weight.panels, weight.out_features, weight.bias)
+    return out.view(*x.shape[:-1], weight.out_features)

@@ -1,0 +1,87 @@
+"""The compiled packed-weight linear against its reference, ``torch.nn.functional.linear``
+(in float64, so the check does not lean on either float32 summation order)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_linear
+
+pytestmark = pytest.mark.skipif(
+    not cpu_linear.available(), reason="the packed linear needs a C++ compiler, AVX2 and FMA"
+)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    out = cpu_linear.linear(x, cpu_linear.pack(weight, bias))
+    expected = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    assert out.dtype == torch.float32 and out.shape == expected.shape
+    # float32 sums of K products: error grows like sqrt(K) ulps of the terms.
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
+
+
+# Every row count a register tile can end on (1-6, then more tiles), the decode sizes, and
+# row counts past one block of rows (several blocks, split across threads).
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 22, 64, 300, 1030])
+def test_rows(rows: int) -> None:
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 256, generator=generator)
+    weight = torch.randn(96, 256, generator=generator) / 16
+    _check(x, weight, None)
+
+
+# Output widths that fill panels exactly, leave a partial last panel, or are one panel
+# short; input widths odd, tiny and large (a block of rows shrinks to fit them in L2).
+@pytest.mark.parametrize(
+    ("out_features", "in_features"), [(16, 64), (17, 33), (1, 7), (250, 5), (40, 4100)]
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_shapes_and_bias(out_features: int, in_features: int, with_bias: bool) -> None:
+    generator = torch.Generator().manual_seed(out_features * in_features)
+    x = torch.randn(9, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator) / in_features**0.5
+    bias = torch.randn(out_features, generator=generator) if with_bias else None
+    _check(x, weight, bias)
+
+
+def test_leading_dimensions_and_strided_rows() -> None:
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(48, 32, generator=generator)
+    packed = cpu_linear.pack(weight)
+    x = torch.randn(2, 3, 32, generator=generator)
+    torch.testing.assert_close(cpu_linear.linear(x, packed), F.linear(x, weight))
+    wide = torch.randn(5, 64, generator=generator)
+    rows = wide[:, :32]  # rows 64 floats apart
+    torch.testing.assert_close(cpu_linear.linear(rows, packed), F.linear(rows, weight))
+    columns = torch.randn(32, 5, generator=generator).t()  # no unit stride along a row
+    torch.testing.assert_close(cpu_linear.linear(columns, packed), F.linear(columns, weight))
+
+
+def test_no_rows() -> None:
+    packed = cpu_linear.pack(torch.randn(20, 8))
+    assert cpu_linear.linear(torch.randn(0, 8), packed).shape == (0, 20)
+
+
+def test_threads_split_the_same_result() -> None:
+    # One thread or two: each output element's sum is the same sequence of operations.
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(30, 128, generator=generator)
+    packed = cpu_linear.pack(torch.randn(200, 128, generator=generator))
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = cpu_linear.linear(x, packed)
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_linear.linear(x, packed), single)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_refuses_what_it_cannot_compute() -> None:
+    packed = cpu_linear.pack(torch.randn(20, 8))
+    with pytest.raises(RuntimeError, match="invalid for input"):
+        cpu_linear.linear(torch.randn(3, 9), packed)
+    with pytest.raises(RuntimeError, match="float32"):
+        cpu_linear.linear(torch.randn(3, 8, dtype=torch.float64), packed)
