@@ -16,11 +16,29 @@ from __future__ import annotations
 
 import torch
 
-from kernels import reference
+from kernels import cpu_ops, reference
 from kernels.cpu_build import extension
-from kernels.reference import store_kv
 
 __all__ = ["available", "paged_attention", "store_kv"]
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """``kernels.reference.store_kv``; row copies in C++ for float32 caches."""
+    if (
+        cpu_ops.supports(key)
+        and k_cache.dtype == torch.float32
+        and k_cache.is_contiguous()
+        and v_cache.is_contiguous()
+    ):
+        cpu_ops.store_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
 def available() -> bool:

@@ -14,7 +14,7 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ("module.cpp", "paged_decode.cpp", "packed_linear.cpp")
+_SOURCES = ("module.cpp", "paged_decode.cpp", "packed_linear.cpp", "layer_ops.cpp")
 _CSRC = Path(__file__).parent / "csrc"
 
 

@@ -1,24 +1,55 @@
-"""Building blocks shared by the native decoder models (RMSNorm, rotary embedding, MLP)."""
+"""Building blocks shared by the native decoder models (RMSNorm, rotary embedding, MLP).
+
+The torch code here is the definition; float32 tensors on the CPU take the compiled
+equivalents in ``kernels.cpu_ops`` instead (one pass where torch runs several operators).
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import cpu_ops
+
 
 class RMSNorm(nn.Module):
-    """Normalises in float32 and casts back before scaling, exactly as the HF Llama family."""
+    """Normalises in float32 and casts back before scaling, exactly as the HF Llama family.
+
+    Given the residual stream too, it first adds ``x`` to it (the decoder layer's residual
+    connection) and returns the normalised sum and the sum; on the CPU in float32 both happen
+    in place, in ``x`` and ``residual``.
+    """
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @overload
+    def forward(self, x: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        compiled = cpu_ops.supports(x)
+        if residual is None:
+            if compiled:
+                return cpu_ops.rms_norm(x, self.weight, self.eps)
+            return self._normalize(x)
+        if compiled and x.dim() == 2 and residual.dim() == 2:
+            return cpu_ops.add_rms_norm_(x, residual, self.weight, self.eps)
+        residual = residual + x
+        return self._normalize(residual), residual
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -48,14 +79,17 @@ class RotaryEmbedding:
         angles = torch.cat((freqs, freqs), dim=-1)
         cos = (angles.cos() * self.attention_scaling).to(dtype)
         sin = (angles.sin() * self.attention_scaling).to(dtype)
-        # [tokens, 1, head_dim]: broadcasts over heads.
-        return cos[:, None, :], sin[:, None, :]
+        return cos, sin  # [tokens, head_dim] each
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` [tokens, heads, head_dim] rotated by ``cos``/``sin`` [tokens, head_dim] (on the
+    CPU in float32: in place)."""
+    if cpu_ops.supports(x):
+        return cpu_ops.rotary_(x, cos, sin)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 def _scale_frequencies(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -91,5 +125,8 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if cpu_ops.supports(gate_up):
+            return self.down_proj(cpu_ops.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)

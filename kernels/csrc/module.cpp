@@ -9,10 +9,22 @@ at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                             const c10::optional<at::Tensor>& bias);
 
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
+              at::Tensor& v_cache, const at::Tensor& slots);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "Decode attention read through block tables (CPU)");
   m.def("packed_linear_supported", &packed_linear_supported,
         "Whether packed_linear was built (AVX2 and FMA)");
   m.def("pack_linear_weight", &pack_linear_weight, "A linear weight in 16-column panels");
   m.def("packed_linear", &packed_linear, "x @ W^T (+ bias) with W from pack_linear_weight");
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
+  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place");
+  m.def("silu_and_mul", &silu_and_mul, "silu(first half) * second half, per row");
+  m.def("rotary_", &rotary_, "neox-style rotary embedding, in place");
+  m.def("store_kv", &store_kv, "each token's K/V rows into its cache slot");
 }
