@@ -1,5 +1,5 @@
-"""asyncio front of the engine: per-request delta streams, abort, and a step loop whose model
-work runs in one worker thread so the event loop stays responsive.
+"""asyncio front of the engine: per-request delta streams, abort, and the engine stepping on a
+thread of its own (``engine.step_thread``) so the event loop stays responsive.
 
 All engine state is touched only by that thread: ``add_request`` and ``abort`` queue their
 intent, and the thread applies it right before the next step, so an abort frees the request's
@@ -18,7 +18,7 @@ from typing import Any
 
 from engine import core_channel, protocol
 from engine.core_client import CoreClient
-from engine.core_steps import PendingRequest, abort_all, abort_delta, apply
+from engine.core_steps import PendingRequest, abort_delta
 from engine.delta_streams import DeltaStreams
 from engine.engine_core import EngineCore
 from engine.engine_options import EngineOptions
@@ -29,6 +29,7 @@ from engine.request_options import RequestOptions
 from engine.sampler_output import TokenLogprobs
 from engine.sampling import SamplingParams
 from engine.scheduler import RequestRejected
+from engine.step_thread import Errors, StepThread
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -67,12 +68,10 @@ class AsyncEngine:
         self.options = options or EngineOptions(**option_overrides)
         self.accept_limit = accept_limit or self.options.max_waiting or 8
         self.core: EngineCore | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        # Loads the model and, after the last step, aborts what is left (never beside a step).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-load")
         self._streams = DeltaStreams(self.abort)
-        self._pending: list[PendingRequest] = []
-        self._aborts: set[str] = set()
-        self._wake = asyncio.Event()
-        self._loop_task: asyncio.Task[None] | None = None
+        self._steps: StepThread | None = None
         self._stopping = False
         self._stats: dict[str, Any] = {}
         self.core_process = core_process
@@ -98,7 +97,8 @@ class AsyncEngine:
         self.tokenizer = self.core.tokenizer
         self._stats = self.core.stats()
         self._stopping = False
-        self._loop_task = asyncio.create_task(self._run(), name="engine-step-loop")
+        self._steps = StepThread(self.core, loop, self._deliver, self._step_failed)
+        self._steps.start()
 
     async def _start_process(self) -> None:
         loop = asyncio.get_running_loop()
@@ -118,18 +118,17 @@ class AsyncEngine:
 
     @property
     def _running(self) -> bool:
-        return self._loop_task is not None or self._client is not None
+        return self._steps is not None or self._client is not None
 
     async def shutdown(self) -> None:
         """Stop stepping; every unfinished stream ends with an ``abort`` delta."""
         self._stopping = True
-        self._wake.set()
         if self._client is not None:
             await self._client.shutdown()  # its last outputs end every stream it knew
             self._client = None
-        if self._loop_task is not None:
-            await self._loop_task
-            self._loop_task = None
+        if self._steps is not None:
+            await self._steps.stop()
+            self._steps = None
         if self.core is not None:
             core = self.core
             loop = asyncio.get_running_loop()
@@ -140,7 +139,6 @@ class AsyncEngine:
             self._streams.dispatch(deltas)
         for request_id in self._streams.request_ids():
             self._streams.dispatch([abort_delta(request_id)])
-        self._pending.clear()
         self._executor.shutdown(wait=True)
         if self.core is not None:
             self.core.grammars.shutdown()
@@ -186,15 +184,15 @@ class AsyncEngine:
                 options,
                 resume_token_ids,
             )
-        assert self.core is not None
+        assert self.core is not None and self._steps is not None
+        steps = self._steps
         spec = self.core.grammar_spec(options)
         grammar = None
         if spec is not None:
             grammar = self.core.grammars.submit(spec)
-            loop = asyncio.get_running_loop()
-            grammar.add_done_callback(lambda _: loop.call_soon_threadsafe(self._wake.set))
+            grammar.add_done_callback(lambda _: steps.wake())
         stream = self._streams.open(request_id)
-        self._pending.append(
+        steps.add(
             PendingRequest(
                 request_id,
                 params or SamplingParams(),
@@ -206,7 +204,6 @@ class AsyncEngine:
                 resume_token_ids=resume_token_ids,
             )
         )
-        self._wake.set()
         return stream
 
     async def count_prompt_tokens(
@@ -231,11 +228,9 @@ class AsyncEngine:
                 lambda: prompt_ids(tokenizer, vocab, prompt, prompt_token_ids, messages, options),
             )
             return len(ids)
-        core = self.core
-        assert core is not None
-        ids = await loop.run_in_executor(
-            self._executor, core.prompt_ids, prompt, prompt_token_ids, messages, options
-        )
+        core, steps = self.core, self._steps
+        assert core is not None and steps is not None
+        ids = await steps.call(lambda: core.prompt_ids(prompt, prompt_token_ids, messages, options))
         return len(ids)
 
     def _add_to_process(
@@ -311,8 +306,8 @@ class AsyncEngine:
             if self._client is not None:
                 self._client.abort(request_id)
                 return
-            self._aborts.add(request_id)
-            self._wake.set()
+            if self._steps is not None:
+                self._steps.abort(request_id)
 
     # -- load -------------------------------------------------------------------------------
 
@@ -337,59 +332,25 @@ class AsyncEngine:
     def _num_pending(self) -> int:
         """Requests not in the scheduler yet: queued here, on their way to the core process,
         or compiling their grammar there."""
-        return len(self._pending) + self._in_transit + self._stats.get("num_pending", 0)
+        queued = self._steps.num_pending() if self._steps is not None else 0
+        return queued + self._in_transit + self._stats.get("num_pending", 0)
 
-    # -- the loop ---------------------------------------------------------------------------
+    # -- the step thread's results ----------------------------------------------------------
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        core = self.core
-        assert core is not None
-        while not self._stopping:
-            self._abort_compiling()
-            if not (any(p.ready for p in self._pending) or self._aborts or core.has_unfinished()):
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            pending = [p for p in self._pending if p.ready]
-            self._pending = [p for p in self._pending if not p.ready]
-            aborts, self._aborts = self._aborts, set()
-            try:
-                deltas, errors = await loop.run_in_executor(
-                    self._executor, self._step, core, pending, aborts
-                )
-            except Exception as exc:  # a failed step leaves no request in a known state
-                logger.exception("engine step failed; failing every request in flight")
-                await loop.run_in_executor(self._executor, abort_all, core)
-                for request_id in self._streams.request_ids():
-                    self._streams.fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
-                continue
-            for request_id, error in errors:
-                self._streams.fail(request_id, error)
-            self._streams.dispatch(deltas)
+    def _deliver(self, deltas: list[RequestDelta], errors: Errors, stats: dict[str, Any]) -> None:
+        self._stats = stats
+        for request_id, error in errors:
+            self._streams.fail(request_id, error)
+        self._streams.dispatch(deltas)
 
-    def _abort_compiling(self) -> None:
-        """Requests aborted while their grammar still compiles never reach the engine."""
-        aborted = [p for p in self._pending if not p.ready and p.request_id in self._aborts]
-        for request in aborted:
-            self._pending.remove(request)
-            self._aborts.discard(request.request_id)
-            self._streams.dispatch([abort_delta(request.request_id)])
+    def _step_failed(self, exc: Exception) -> None:
+        for request_id in self._streams.request_ids():
+            self._streams.fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
 
     def wire_logprobs(self, entries: list[TokenLogprobs]) -> list[protocol.TokenLogprob]:
         """Logprob entries with each token's text and bytes, as the wire protocol carries them."""
         assert self.tokenizer is not None
         return wire_logprobs(entries, self.tokenizer)
-
-    def _step(
-        self, core: EngineCore, pending: list[PendingRequest], aborts: set[str]
-    ) -> tuple[list[RequestDelta], list[tuple[str, ValueError]]]:
-        """Runs in the worker thread: apply queued adds and aborts, then one engine step."""
-        deltas, errors = apply(core, pending, aborts)
-        if core.has_unfinished():
-            deltas.extend(core.step())
-        self._stats = core.stats()
-        return deltas, errors
 
 
 _FAILURES: dict[str, type[Exception]] = {"rejected": RequestRejected, "invalid": ValueError}

@@ -7,6 +7,7 @@ default ``~/.cache/torch_extensions``). Without a C++ compiler it cannot be buil
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import platform
 from pathlib import Path
@@ -32,6 +33,15 @@ def _cpu_flags() -> tuple[str, list[str]]:
     return "generic", []
 
 
+def _sources_digest() -> str:
+    """Of every file in csrc/: torch's loader rebuilds when a source changes but not when
+    only a header does, so the digest names the build."""
+    digest = hashlib.sha256()
+    for path in sorted(_CSRC.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
 @functools.cache
 def extension() -> ModuleType | None:
     from torch.utils.cpp_extension import load
@@ -40,7 +50,7 @@ def extension() -> ModuleType | None:
     logger.info("loading the CPU kernels (compiled on first use: about a minute)")
     try:
         return load(
-            name=f"sluicegate_cpu_kernels_{suffix}",
+            name=f"sluicegate_cpu_kernels_{suffix}_{_sources_digest()}",
             sources=[str(_CSRC / name) for name in _SOURCES],
             # -fopenmp: at::parallel_for is inline OpenMP, serial in code built without it.
             extra_cflags=["-O3", "-ffast-math", "-fopenmp", *flags],

@@ -16,15 +16,18 @@ void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
               at::Tensor& v_cache, const at::Tensor& slots);
 
+// The kernels touch no Python object, so each lets go of the GIL while it runs: the worker's
+// event loop (Redis I/O, replies) goes on beside a step, as it does beside torch's own ops.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "Decode attention read through block tables (CPU)");
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
+  m.def("paged_decode", &paged_decode, nogil, "Decode attention read through block tables (CPU)");
   m.def("packed_linear_supported", &packed_linear_supported,
         "Whether packed_linear was built (AVX2 and FMA)");
-  m.def("pack_linear_weight", &pack_linear_weight, "A linear weight in 16-column panels");
-  m.def("packed_linear", &packed_linear, "x @ W^T (+ bias) with W from pack_linear_weight");
-  m.def("rms_norm", &rms_norm, "RMSNorm of each row");
-  m.def("add_rms_norm_", &add_rms_norm_, "residual += x; x = RMSNorm(residual), in place");
-  m.def("silu_and_mul", &silu_and_mul, "silu(first half) * second half, per row");
-  m.def("rotary_", &rotary_, "neox-style rotary embedding, in place");
-  m.def("store_kv", &store_kv, "each token's K/V rows into its cache slot");
+  m.def("pack_linear_weight", &pack_linear_weight, nogil, "A linear weight in 16-column panels");
+  m.def("packed_linear", &packed_linear, nogil, "x @ W^T (+ bias) with W from pack_linear_weight");
+  m.def("rms_norm", &rms_norm, nogil, "RMSNorm of each row");
+  m.def("add_rms_norm_", &add_rms_norm_, nogil, "residual += x; x = RMSNorm(residual), in place");
+  m.def("silu_and_mul", &silu_and_mul, nogil, "silu(first half) * second half, per row");
+  m.def("rotary_", &rotary_, nogil, "neox-style rotary embedding, in place");
+  m.def("store_kv", &store_kv, nogil, "each token's K/V rows into its cache slot");
 }

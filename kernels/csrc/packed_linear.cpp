@@ -14,6 +14,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "parallel_items.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -33,6 +35,7 @@ constexpr int64_t kCols = 16;      // columns per panel: two 8-float vectors
 constexpr int64_t kRows = 6;       // rows per register tile: 12 accumulators of 16 registers
 constexpr int64_t kBlockBytes = 192 << 10;  // rows of x per block: this much of x, in L2
 constexpr int64_t kGroupBytes = 1 << 20;  // panels per group: this much weight, in L3
+constexpr int64_t kRunPanels = 8;  // panels per work item when all rows are one block
 constexpr size_t kHugePage = size_t(2) << 20;
 
 // One register tile: rows [0, R) of A times one panel, over all of K.
@@ -151,26 +154,26 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // Blocked as a GEMM library blocks: rows in blocks whose slice of x stays in L2, panels in
   // groups that stay in the last-level cache. Work items are (group, block), group-major: a
   // group's panels come from memory once and serve every block of rows from the cache
-  // (rather than all the weights streaming past once per block). A thread's share is a run
-  // of items; within an item, the panels go by in order, which the hardware prefetcher
-  // follows (software prefetching measured no better, and its branch slowed large products).
+  // (rather than all the weights streaming past once per block). With one block of rows (a
+  // decode step) an item is a short run of panels instead, so that threads claiming items as
+  // they go (parallel_items) stay balanced. Within an item the panels go by in order, which
+  // the hardware prefetcher follows (software prefetching measured no better, and its branch
+  // slowed large products).
   const int64_t row_bytes = K * int64_t(sizeof(float));
   const int64_t block_rows = std::max<int64_t>(kRows, kBlockBytes / row_bytes / kRows * kRows);
   const int64_t blocks = (M + block_rows - 1) / block_rows;
-  // Groups of equal size (so that threads splitting the items get equal work).
-  const int64_t most_panels = std::max<int64_t>(1, kGroupBytes / (row_bytes * kCols));
+  const int64_t most_panels =
+      blocks == 1 ? kRunPanels : std::max<int64_t>(1, kGroupBytes / (row_bytes * kCols));
   const int64_t groups = (panels + most_panels - 1) / most_panels;
   const int64_t group_panels = (panels + groups - 1) / groups;
-  at::parallel_for(0, groups * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t group = item / blocks, block = item % blocks;
-      const int64_t m0 = block * block_rows, rows = std::min(block_rows, M - m0);
-      const int64_t first = group * group_panels, last = std::min(panels, first + group_panels);
-      for (int64_t p = first; p < last; ++p) {
-        panel_rows(A + m0 * lda, lda, rows, B + p * K * kCols, K, C + m0 * N + p * kCols, N,
-                   bias_data == nullptr ? nullptr : bias_data + p * kCols,
-                   std::min(kCols, N - p * kCols));
-      }
+  parallel_items(groups * blocks, [&](int64_t item) {
+    const int64_t group = item / blocks, block = item % blocks;
+    const int64_t m0 = block * block_rows, rows = std::min(block_rows, M - m0);
+    const int64_t first = group * group_panels, last = std::min(panels, first + group_panels);
+    for (int64_t p = first; p < last; ++p) {
+      panel_rows(A + m0 * lda, lda, rows, B + p * K * kCols, K, C + m0 * N + p * kCols, N,
+                 bias_data == nullptr ? nullptr : bias_data + p * kCols,
+                 std::min(kCols, N - p * kCols));
     }
   });
   return out;

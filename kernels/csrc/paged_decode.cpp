@@ -16,6 +16,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "parallel_items.h"
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -221,28 +223,26 @@ at::Tensor paged_decode(
   const bool vector = head_dim % 8 == 0;
 #endif
 
-  at::parallel_for(0, batch * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
-      const int64_t len = lens[b];
-      TORCH_CHECK(len > 0 && len <= max_blocks * block_size, "sequence length out of range");
-      const Task t{qp + (b * num_heads + kvh * group) * head_dim,
-                   kp + kvh * head_dim,
-                   vp + kvh * head_dim,
-                   tables + b * max_blocks,
-                   len, group, head_dim, block_size, row,
-                   static_cast<float>(scale),
-                   op + (b * num_heads + kvh * group) * head_dim};
-      scores.resize(group * len);
+  parallel_items(batch * num_kv_heads, [&](int64_t task) {
+    thread_local std::vector<float> scores;
+    const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
+    const int64_t len = lens[b];
+    TORCH_CHECK(len > 0 && len <= max_blocks * block_size, "sequence length out of range");
+    const Task t{qp + (b * num_heads + kvh * group) * head_dim,
+                 kp + kvh * head_dim,
+                 vp + kvh * head_dim,
+                 tables + b * max_blocks,
+                 len, group, head_dim, block_size, row,
+                 static_cast<float>(scale),
+                 op + (b * num_heads + kvh * group) * head_dim};
+    scores.resize(group * len);
 #ifdef SG_VECTOR
-      if (vector) {
-        vector_task(t, scores.data());
-        continue;
-      }
-#endif
-      scalar_task(t, scores.data());
+    if (vector) {
+      vector_task(t, scores.data());
+      return;
     }
+#endif
+    scalar_task(t, scores.data());
   });
   return out;
 }
