@@ -323,8 +323,9 @@ def our_stack(args: argparse.Namespace, model: Path, name: str, logs: Path):
 
 
 def build_model(folder: Path, layers: int) -> None:
-    """Random float32 weights and a word-level tokenizer over the whole vocabulary, as
-    ``bench/engine_throughput.py`` makes them (prompts are token ids; text only decodes)."""
+    """Random float32 weights and a word-level tokenizer over the whole vocabulary: word
+    ``w<id>`` is token ``id``, so the served phase's text prompts tokenize, on both sides, to
+    exactly the ids the offline phase sends."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -345,10 +346,18 @@ def build_model(folder: Path, layers: int) -> None:
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).float().eval().save_pretrained(folder)
-    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB_SIZE)}, unk_token="w0"))
+    # Special tokens spelled unlike any word: named "w0".."w2", transformers would match them
+    # inside words as added tokens ("w18654" -> "w1" + "8654"), and a served text prompt would
+    # tokenize to other tokens, and more of them, than the ids it was written from.
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"w{i}": i for i in range(3, VOCAB_SIZE)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="w0", pad_token="w0", bos_token="w1", eos_token="w2"
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        pad_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
     ).save_pretrained(folder)
 
 
