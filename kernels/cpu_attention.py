@@ -1,12 +1,11 @@
-"""Paged attention on the CPU with a compiled decode kernel (``csrc/paged_decode.cpp``).
+"""Paged attention on the CPU with compiled kernels: ``csrc/paged_decode.cpp`` for one-query
+rows, ``csrc/paged_prefill.cpp`` for requests with several queries (prompts and their chunks).
 
-The torch reference (``kernels.reference``) decodes by gathering every request's blocks into
-one padded fp32 copy and running SDPA over it; on a CPU that copy is most of the step's
-attention time. The C++ kernel reads keys and values in place through the block table, one
-task per (request, KV head), and is several times faster on decode batches
-(``bench/cpu_decode.py``). Prefill rows still go through the reference (SDPA's flash
-kernel). Same signatures as ``kernels.reference``, float32 CPU tensors only (others take the
-reference whole).
+The torch reference (``kernels.reference``) gathers every request's blocks into a contiguous
+fp32 copy and runs SDPA over it; on a CPU those copies are most of the attention time. The
+C++ kernels read keys and values in place through the block table (``bench/cpu_decode.py``).
+Same signatures as ``kernels.reference``, float32 CPU tensors only (others take the reference
+whole; prefill rows of a head_dim or block size that is not a multiple of 16 too).
 
 The kernel is part of the CPU kernels' extension (``kernels.cpu_build``), built on first use;
 without a C++ compiler ``available()`` says no and the engine keeps the torch backend.
@@ -79,6 +78,7 @@ def paged_attention(
     starts = cu_seqlens_q[:-1].tolist()
     ends = cu_seqlens_q[1:].tolist()
     decodes = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if e - s == 1]
+    prefills = [i for i, (s, e) in enumerate(zip(starts, ends, strict=True)) if e - s > 1]
     if decodes:
         seqs = torch.tensor(decodes)
         rows = torch.tensor([starts[i] for i in decodes])
@@ -91,10 +91,24 @@ def paged_attention(
             softmax_scale,
         )
         out.index_copy_(0, rows, decoded)
+    if not prefills:
+        return out
+    if kernels.paged_prefill_supported(q.shape[2], k_cache.shape[1]):
+        kernels.paged_prefill(
+            q.contiguous(),
+            k_cache,
+            v_cache,
+            tables,
+            lens,
+            cu_seqlens_q.to(torch.int32).contiguous(),
+            torch.tensor(prefills, dtype=torch.int64),
+            softmax_scale,
+            out,
+        )
+        return out
     lengths = lens.tolist()
-    for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
-        if end - start > 1:
-            out[start:end] = reference.prefill_one(
-                q[start:end], k_cache, v_cache, block_tables[i], lengths[i], softmax_scale
-            )
+    for i in prefills:
+        out[starts[i] : ends[i]] = reference.prefill_one(
+            q[starts[i] : ends[i]], k_cache, v_cache, block_tables[i], lengths[i], softmax_scale
+        )
     return out

@@ -15,7 +15,13 @@ from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
-_SOURCES = ("module.cpp", "paged_decode.cpp", "packed_linear.cpp", "layer_ops.cpp")
+_SOURCES = (
+    "module.cpp",
+    "paged_decode.cpp",
+    "paged_prefill.cpp",
+    "packed_linear.cpp",
+    "layer_ops.cpp",
+)
 _CSRC = Path(__file__).parent / "csrc"
 
 

@@ -25,26 +25,37 @@ def available() -> bool:
 
 
 class PackedWeight:
-    """A linear layer's float32 weight ([out, in]) and bias, packed once for ``linear``."""
+    """A linear layer's float32 weight ([out, in]) and bias, packed once for ``linear``.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    ``gated``: the weight is a gated MLP's fused gate and up projections ([2I, in], gate rows
+    first), and ``linear`` returns ``silu(gate) * up`` ([..., I]) instead of both halves.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+    ) -> None:
         kernels = extension()
         assert kernels is not None, "check kernels.cpu_linear.available() first"
-        self.out_features, self.in_features = weight.shape
-        self.panels = kernels.pack_linear_weight(weight.detach().float().contiguous())
+        self.rows, self.in_features = weight.shape
+        self.gated = gated
+        self.out_features = self.rows // 2 if gated else self.rows
+        self.panels = kernels.pack_linear_weight(weight.detach().float().contiguous(), gated)
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
 
-def pack(weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
-    return PackedWeight(weight, bias)
+def pack(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, gated: bool = False
+) -> PackedWeight:
+    return PackedWeight(weight, bias, gated)
 
 
 def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
-    """``torch.nn.functional.linear(x, weight, bias)`` for float32 ``x`` of any leading shape."""
+    """``torch.nn.functional.linear(x, weight, bias)`` for float32 ``x`` of any leading shape
+    (for a gated weight, SiLU of its first half times its second)."""
     kernels = extension()
     assert kernels is not None
     rows = x.reshape(-1, weight.in_features)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = kernels.packed_linear(rows, weight.panels, weight.out_features, weight.bias)
+    out = kernels.packed_linear(rows, weight.panels, weight.rows, weight.bias, weight.gated)
     return out.view(*x.shape[:-1], weight.out_features)

@@ -14,22 +14,24 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.models.layers import GatedMLP
 from engine.models.onednn import OneDNNLinear
 
 CPU_LINEARS = ("auto", "packed", "onednn", "torch")
 
 
 class PackedLinear(nn.Module):
-    """An ``nn.Linear`` whose weight and bias were packed once for ``kernels.cpu_linear``."""
+    """An ``nn.Linear`` whose weight and bias were packed once for ``kernels.cpu_linear``;
+    ``gated``: a gated MLP's gate_up_proj, returning silu(gate) * up (half as wide)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, gated: bool = False) -> None:
         from kernels import cpu_linear
 
         super().__init__()
         self.in_features = linear.in_features
-        self.out_features = linear.out_features
+        self.out_features = linear.out_features // 2 if gated else linear.out_features
         self._linear = cpu_linear.linear
-        self.packed = cpu_linear.pack(linear.weight, linear.bias)
+        self.packed = cpu_linear.pack(linear.weight, linear.bias, gated=gated)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, self.packed)
@@ -68,6 +70,14 @@ def swap_cpu_linears(model: nn.Module, kind: str) -> int:
     if replacement is None:
         return 0
     swapped = 0
+    if kind == "packed":
+        # A gated MLP's SiLU x mul goes into its gate_up product (the wide product never
+        # goes to memory, and one operator fewer per layer).
+        for mlp in model.modules():
+            if isinstance(mlp, GatedMLP) and type(mlp.gate_up_proj) is nn.Linear:
+                mlp.gate_up_proj = PackedLinear(mlp.gate_up_proj, gated=True)
+                mlp.gate_up_applies_activation = True
+                swapped += 1
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:

@@ -123,9 +123,14 @@ class GatedMLP(nn.Module):
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        # Set where gate_up_proj was swapped for a kernel that returns silu(gate) * up itself
+        # (engine.models.cpu_linears: the packed CPU product).
+        self.gate_up_applies_activation = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if self.gate_up_applies_activation:
+            return self.down_proj(gate_up)
         if cpu_ops.supports(gate_up):
             return self.down_proj(cpu_ops.silu_and_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)

@@ -4,10 +4,15 @@
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
                            const at::Tensor& seq_lens, double scale);
+bool paged_prefill_supported(int64_t head_dim, int64_t block_size);
+void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                   const at::Tensor& block_tables, const at::Tensor& seq_lens,
+                   const at::Tensor& cu_seqlens_q, const at::Tensor& requests, double scale,
+                   at::Tensor& out);
 bool packed_linear_supported();
-at::Tensor pack_linear_weight(const at::Tensor& weight);
+at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated);
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
-                            const c10::optional<at::Tensor>& bias);
+                         const c10::optional<at::Tensor>& bias, bool gated);
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
@@ -21,6 +26,10 @@ void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cach
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto nogil = py::call_guard<py::gil_scoped_release>();
   m.def("paged_decode", &paged_decode, nogil, "Decode attention read through block tables (CPU)");
+  m.def("paged_prefill_supported", &paged_prefill_supported,
+        "Whether paged_prefill runs this head_dim and block_size here");
+  m.def("paged_prefill", &paged_prefill, nogil,
+        "Causal attention of several queries per request, through block tables (CPU)");
   m.def("packed_linear_supported", &packed_linear_supported,
         "Whether packed_linear was built (AVX2 and FMA)");
   m.def("pack_linear_weight", &pack_linear_weight, nogil, "A linear weight in 16-column panels");

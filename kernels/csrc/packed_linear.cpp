@@ -11,6 +11,11 @@
 //          2 MiB-aligned memory with transparent huge pages asked for: a step touches every
 //          page of every weight, and 4 KiB pages would cost a TLB miss per page.
 // linear:  x [M, K] float32 (rows contiguous), packed, N, bias [N] or None -> [M, N]
+//
+// Gated ("gated" true): w is a gated MLP's fused gate and up projections, [2I, K] (gate rows
+// first), and the product is silu(x W_gate^T + b_gate) * (x W_up^T + b_up), [M, I]: gate
+// panel j and up panel j are packed side by side, and each tile's two results are combined
+// as they leave the registers, so the [M, 2I] product never goes to memory.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -97,13 +102,47 @@ void panel_rows(const float* A, int64_t lda, int64_t M, const float* panel, int6
   }
 }
 
+// Rows [0, M) of A times a gate panel and its up panel: silu(gate) * up into C.
+void gated_panel_rows(const float* A, int64_t lda, int64_t M, const float* gate,
+                      const float* up, int64_t K, float* C, int64_t ldc, const float* gate_bias,
+                      const float* up_bias, int64_t cols) {
+  alignas(32) float g[kRows * kCols], u[kRows * kCols];
+  for (int64_t m = 0; m < M; m += kRows) {
+    const int64_t rows = std::min(kRows, M - m);
+    const float* a = A + m * lda;
+    switch (rows) {
+      case 6: tile<6>(a, lda, gate, K, g, kCols, gate_bias, cols);
+              tile<6>(a, lda, up, K, u, kCols, up_bias, cols); break;
+      case 5: tile<5>(a, lda, gate, K, g, kCols, gate_bias, cols);
+              tile<5>(a, lda, up, K, u, kCols, up_bias, cols); break;
+      case 4: tile<4>(a, lda, gate, K, g, kCols, gate_bias, cols);
+              tile<4>(a, lda, up, K, u, kCols, up_bias, cols); break;
+      case 3: tile<3>(a, lda, gate, K, g, kCols, gate_bias, cols);
+              tile<3>(a, lda, up, K, u, kCols, up_bias, cols); break;
+      case 2: tile<2>(a, lda, gate, K, g, kCols, gate_bias, cols);
+              tile<2>(a, lda, up, K, u, kCols, up_bias, cols); break;
+      default: tile<1>(a, lda, gate, K, g, kCols, gate_bias, cols);
+               tile<1>(a, lda, up, K, u, kCols, up_bias, cols); break;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* gr = g + r * kCols;
+      const float* ur = u + r * kCols;
+      float* c = C + (m + r) * ldc;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) c[j] = gr[j] / (1.0f + std::exp(-gr[j])) * ur[j];
+    }
+  }
+}
+
 }  // namespace
 
-at::Tensor pack_linear_weight(const at::Tensor& weight) {
+at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dtype() == at::kFloat && weight.dim() == 2,
               "pack_linear_weight takes a 2-D float32 CPU weight");
   const int64_t N = weight.size(0), K = weight.size(1);
-  const int64_t panels = (N + kCols - 1) / kCols;
+  TORCH_CHECK(!gated || N % 2 == 0, "a gated weight has as many up rows as gate rows");
+  const int64_t half = N / 2, half_panels = (half + kCols - 1) / kCols;
+  const int64_t panels = gated ? 2 * half_panels : (N + kCols - 1) / kCols;
   const size_t bytes = std::max<size_t>(1, size_t(panels) * K * kCols * sizeof(float));
   const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
   void* memory = std::aligned_alloc(kHugePage, rounded);
@@ -117,10 +156,13 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       float* dst = out + p * K * kCols;
-      const int64_t cols = std::min(kCols, N - p * kCols);
+      // Gated: panel 2j is gate columns 16j.., panel 2j + 1 the same up columns.
+      const int64_t first = gated ? (p % 2) * half + (p / 2) * kCols : p * kCols;
+      const int64_t cols = gated ? std::min(kCols, half - (p / 2) * kCols)
+                                 : std::min(kCols, N - p * kCols);
       std::fill(dst, dst + K * kCols, 0.0f);
       for (int64_t j = 0; j < cols; ++j) {
-        const float* row = w + (p * kCols + j) * K;
+        const float* row = w + (first + j) * K;
         for (int64_t k = 0; k < K; ++k) dst[k * kCols + j] = row[k];
       }
     }
@@ -129,7 +171,7 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
 }
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
-                            const c10::optional<at::Tensor>& bias) {
+                         const c10::optional<at::Tensor>& bias, bool gated) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "packed_linear runs on the CPU");
   TORCH_CHECK(x.dtype() == at::kFloat && packed.dtype() == at::kFloat,
               "packed_linear takes float32 inputs");
@@ -138,14 +180,20 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
               "packed_linear takes a weight from pack_linear_weight");
   const int64_t M = x.size(0), K = x.size(1), panels = packed.size(0);
   TORCH_CHECK(packed.size(1) == K, "x has ", K, " columns, the weight ", packed.size(1));
-  TORCH_CHECK(N > (panels - 1) * kCols && N <= panels * kCols, "N disagrees with the weight");
+  // N: the weight's rows (gated: 2I, the output I wide). A unit is a panel, or (gated) a
+  // gate panel and its up panel.
+  const int64_t width = gated ? N / 2 : N;
+  const int64_t units = gated ? panels / 2 : panels;
+  TORCH_CHECK(!gated || (N % 2 == 0 && panels % 2 == 0), "N disagrees with the gated weight");
+  TORCH_CHECK(width > (units - 1) * kCols && width <= units * kCols,
+              "N disagrees with the weight");
   const float* bias_data = nullptr;
   if (bias.has_value()) {
     TORCH_CHECK(bias->dtype() == at::kFloat && bias->is_contiguous() && bias->numel() == N,
                 "bias must be a contiguous float32 vector of N values");
     bias_data = bias->data_ptr<float>();
   }
-  auto out = at::empty({M, N}, x.options());
+  auto out = at::empty({M, width}, x.options());
   if (M == 0) return out;
   const float* A = x.data_ptr<float>();
   const int64_t lda = x.stride(0);
@@ -162,18 +210,27 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   const int64_t row_bytes = K * int64_t(sizeof(float));
   const int64_t block_rows = std::max<int64_t>(kRows, kBlockBytes / row_bytes / kRows * kRows);
   const int64_t blocks = (M + block_rows - 1) / block_rows;
-  const int64_t most_panels =
-      blocks == 1 ? kRunPanels : std::max<int64_t>(1, kGroupBytes / (row_bytes * kCols));
-  const int64_t groups = (panels + most_panels - 1) / most_panels;
-  const int64_t group_panels = (panels + groups - 1) / groups;
+  const int64_t unit_bytes = row_bytes * kCols * (gated ? 2 : 1);
+  const int64_t most_units = std::max<int64_t>(
+      1, blocks == 1 ? kRunPanels / (gated ? 2 : 1) : kGroupBytes / unit_bytes);
+  const int64_t groups = (units + most_units - 1) / most_units;
+  const int64_t group_units = (units + groups - 1) / groups;
   parallel_items(groups * blocks, [&](int64_t item) {
     const int64_t group = item / blocks, block = item % blocks;
     const int64_t m0 = block * block_rows, rows = std::min(block_rows, M - m0);
-    const int64_t first = group * group_panels, last = std::min(panels, first + group_panels);
-    for (int64_t p = first; p < last; ++p) {
-      panel_rows(A + m0 * lda, lda, rows, B + p * K * kCols, K, C + m0 * N + p * kCols, N,
-                 bias_data == nullptr ? nullptr : bias_data + p * kCols,
-                 std::min(kCols, N - p * kCols));
+    const int64_t first = group * group_units, last = std::min(units, first + group_units);
+    for (int64_t j = first; j < last; ++j) {
+      const int64_t cols = std::min(kCols, width - j * kCols);
+      float* c = C + m0 * width + j * kCols;
+      if (gated) {
+        const float* gate = B + 2 * j * K * kCols;
+        gated_panel_rows(A + m0 * lda, lda, rows, gate, gate + K * kCols, K, c, width,
+                         bias_data == nullptr ? nullptr : bias_data + j * kCols,
+                         bias_data == nullptr ? nullptr : bias_data + width + j * kCols, cols);
+      } else {
+        panel_rows(A + m0 * lda, lda, rows, B + j * K * kCols, K, c, width,
+                   bias_data == nullptr ? nullptr : bias_data + j * kCols, cols);
+      }
     }
   });
   return out;
@@ -183,12 +240,12 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
 
 bool packed_linear_supported() { return false; }
 
-at::Tensor pack_linear_weight(const at::Tensor&) {
+at::Tensor pack_linear_weight(const at::Tensor&, bool) {
   TORCH_CHECK(false, "packed_linear needs AVX2 and FMA");
 }
 
 at::Tensor packed_linear(const at::Tensor&, const at::Tensor&, int64_t,
-                            const c10::optional<at::Tensor>&) {
+                         const c10::optional<at::Tensor>&, bool) {
   TORCH_CHECK(false, "packed_linear needs AVX2 and FMA");
 }
 

@@ -209,14 +209,19 @@ def test_cpu_linears_compute_the_same_product(llama_dir: Path, kind: str) -> Non
         pytest.skip("the packed linears need the CPU kernels built with AVX2 and FMA")
     model = load_model(llama_dir, CPU)
     assert resolve_cpu_linears(kind, model) == kind
-    linear = model.model.layers[0].mlp.gate_up_proj
-    x = torch.randn(3, 5, linear.in_features)
+    layer = model.model.layers[0]
+    x = torch.randn(3, 5, layer.self_attn.qkv_proj.in_features)
     with torch.inference_mode():
-        expected = linear(x)
+        expected_qkv = layer.self_attn.qkv_proj(x)
+        gate, up = layer.mlp.gate_up_proj(x).chunk(2, dim=-1)
+        expected_mlp = layer.mlp.down_proj(torch.nn.functional.silu(gate) * up)
         assert swap_cpu_linears(model, kind) == 2 * 4 + 1  # qkv, o, gate_up, down + lm_head
-        swapped = model.model.layers[0].mlp.gate_up_proj
+        swapped = layer.self_attn.qkv_proj
         assert type(swapped).__name__ == {"onednn": "OneDNNLinear", "packed": "PackedLinear"}[kind]
-        torch.testing.assert_close(swapped(x), expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(swapped(x), expected_qkv, atol=1e-5, rtol=1e-5)
+        # Packed, the MLP's SiLU x mul happens inside its gate_up product.
+        assert layer.mlp.gate_up_applies_activation == (kind == "packed")
+        torch.testing.assert_close(layer.mlp(x), expected_mlp, atol=1e-5, rtol=1e-5)
 
 
 def test_cpu_linears_choice(llama_dir: Path) -> None:

@@ -57,3 +57,18 @@ def test_other_dtypes_take_the_reference(make_paged_case, ragged_specs) -> None:
     case = make_paged_case(ragged_specs[16], 8, 2, 64, 16, dtype=torch.bfloat16)
     out = cpu_attention.paged_attention(*case.args())
     assert torch.equal(out, reference.paged_attention(*case.args()))
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim", [(8, 2, 64), (14, 2, 128), (4, 4, 80)], ids=str
+)
+def test_long_prefills_match_naive_attention(
+    make_paged_case, naive_attention, tolerances, block_size, num_heads, num_kv_heads, head_dim
+) -> None:
+    # The prefill kernel's tiles: a fresh prompt of several 16-position tiles, a chunk after
+    # a cached prefix that ends mid-block, one shorter than a tile, beside a decode row.
+    specs = [(150, 150), (187, 150), (45, 9), (70, 1), (33, 33)]
+    case = make_paged_case(specs, num_heads, num_kv_heads, head_dim, block_size, seed=11)
+    out = _assert_matches_reference(case, tolerances)
+    torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[torch.float32])

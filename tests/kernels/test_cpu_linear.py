@@ -85,3 +85,21 @@ def test_refuses_what_it_cannot_compute() -> None:
         cpu_linear.linear(torch.randn(3, 9), packed)
     with pytest.raises(RuntimeError, match="float32"):
         cpu_linear.linear(torch.randn(3, 8, dtype=torch.float64), packed)
+
+
+@pytest.mark.parametrize(("intermediate", "rows"), [(1408, 22), (37, 9), (16, 1), (50, 300)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gated_weight_returns_silu_of_gate_times_up(
+    intermediate: int, rows: int, with_bias: bool
+) -> None:
+    # A gated MLP's fused [gate; up] weight: the product is silu(x W_gate^T) * (x W_up^T).
+    generator = torch.Generator().manual_seed(intermediate + rows)
+    in_features = 48
+    weight = torch.randn(2 * intermediate, in_features, generator=generator) / in_features**0.5
+    bias = torch.randn(2 * intermediate, generator=generator) if with_bias else None
+    x = torch.randn(rows, in_features, generator=generator)
+    both = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    expected = F.silu(both[:, :intermediate]) * both[:, intermediate:]
+    out = cpu_linear.linear(x, cpu_linear.pack(weight, bias, gated=True))
+    assert out.shape == (rows, intermediate)
+    torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
