@@ -387,12 +387,16 @@ def alternate(rounds: int, runs: dict[str, Any], label: str) -> dict[str, list[A
     for round_no in range(rounds):
         for side in order[round_no % 2 :] + order[: round_no % 2]:
             results[side].append(runs[side]())
-        print(
-            f"{label} round {round_no + 1}: "
-            + ", ".join(f"{side} {results[side][-1]['tok_s']:.1f} tok/s" for side in order),
-            flush=True,
-        )
+        print(f"{label} round {round_no + 1}: " + ", ".join(
+            f"{side} {_summary(results[side][-1])}" for side in order), flush=True)  # fmt: skip
     return results
+
+
+def _summary(result: dict[str, Any]) -> str:
+    line = f"{result['tok_s']:.1f} tok/s"
+    if result.get("ttft_s"):
+        line += f" (TTFT max {max(result['ttft_s']) * 1000:.0f} ms)"
+    return line
 
 
 def offline_phase(args, model: Path, workload: Workload, tmp: Path) -> dict[str, list[Any]]:
