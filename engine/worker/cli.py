@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--cpu-compile", action="store_true", help="torch.compile on CPU too")
     engine.add_argument(
+        "--cpu-linears",
+        choices=("auto", "packed", "onednn", "torch"),
+        help="float32 CPU linears: our packed AVX2 product, oneDNN or aten (default auto: "
+        "the first this machine runs)",
+    )
+    engine.add_argument(
         "--core-process",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -102,6 +108,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "num_threads",
         "model_impl",
         "tool_parser",
+        "cpu_linears",
     )
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:

@@ -130,3 +130,9 @@ def test_tool_parser_flag_reaches_the_engine_options() -> None:
     args = build_parser().parse_args(["--model", "m", "--tool-parser", "llama3_json"])
     assert engine_kwargs(args)["tool_parser"] == "llama3_json"
     assert "tool_parser" not in engine_kwargs(build_parser().parse_args(["--model", "m"]))
+
+
+def test_cpu_linears_flag_reaches_the_engine_options() -> None:
+    args = build_parser().parse_args(["--model", "m", "--cpu-linears", "onednn"])
+    assert engine_kwargs(args)["cpu_linears"] == "onednn"
+    assert "cpu_linears" not in engine_kwargs(build_parser().parse_args(["--model", "m"]))
