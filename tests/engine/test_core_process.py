@@ -160,9 +160,11 @@ def _worker_process(
         sampling = protocol.Sampling(max_tokens=1000, temperature=0, ignore_eos=True)
         # Twelve long requests, of which the KV cache holds two at a time: the core is still
         # stepping seconds later (one alone, a second at the tiny model's pace, may be over
-        # before a heartbeat shows it). The last one is answered last.
-        for request_id in rids:
-            request = protocol.Request(request_id, model, sampling, prompt_token_ids=[5, 6])
+        # before a heartbeat shows it). The last one is answered last. Their prompts differ:
+        # identical greedy requests would share their cached blocks, all run at once, and
+        # could all be over in the core (their deltas still on the way) when it is killed.
+        for index, request_id in enumerate(rids):
+            request = protocol.Request(request_id, model, sampling, prompt_token_ids=[5, 6 + index])
             client.xadd(
                 protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
             )
