@@ -188,7 +188,7 @@ async def _eventually(check: Any, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
 
 
 async def test_an_answered_entry_is_not_taken_over_while_its_ack_lags(llama_dir: Path) -> None:
@@ -200,7 +200,8 @@ async def test_an_answered_entry_is_not_taken_over_while_its_ack_lags(llama_dir:
         with _proxy() as proxy:
             async with _worker(llama_dir, model, proxy.url) as worker:
                 harness = WorkerHarness(direct, model, worker.engine, worker)
-                request = _request(model, max_tokens=48)
+                # Long enough to be seen in flight (see the duplicate-entry test below).
+                request = _request(model, max_tokens=512)
                 await harness.send(request)
                 await _eventually(lambda: bool(worker.in_flight))
                 # The event loop's Redis path stalls; the engine finishes regardless.
@@ -233,7 +234,7 @@ async def test_a_duplicate_entry_is_acked_and_never_fails_the_live_stream(
         async with _worker(llama_dir, model, REDIS_URL) as worker:
             harness = WorkerHarness(direct, model, worker.engine, worker)
             # Long enough to still be in flight when the copy arrives (the tiny model makes
-            # 32 tokens between two of _eventually's looks).
+            # several tokens between two of _eventually's looks).
             request = _request(model, max_tokens=512)
             await harness.send(request)
             await _eventually(lambda: bool(worker.in_flight))
