@@ -1,23 +1,25 @@
 """Which kernel runs a CPU float32 model's linears: ``packed`` (the compiled packed-weight
 product, ``kernels.cpu_linear``), ``onednn`` (``engine.models.onednn``) or ``torch`` (aten's
-default GEMM, ``nn.Linear`` as loaded). ``auto`` takes the first this machine can run.
-
-Decode steps are almost all linears of a few tens of rows against every weight of the model:
-on this project's 2-core AMD EPYC machines, the whole set of a decode step's linears runs
-about 1.5x faster packed than through oneDNN, and oneDNN 1.3-1.9x faster than aten
-(``bench/cpu_linear.py``). The maths is the same float32 product; only the summation order
-differs, as between any two GEMM libraries.
+default GEMM, ``nn.Linear`` as loaded). ``auto`` takes the faster of packed and oneDNN on
+this machine, raced at start-up (``engine.models.cpu_linear_race``); either is 1.3-1.9x
+faster than aten (``bench/cpu_linear.py``). The maths is the same float32 product; only the
+summation order differs, as between any two GEMM libraries.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
+from engine.models.cpu_linear_race import describe, packed_wins, race
 from engine.models.layers import GatedMLP
 from engine.models.onednn import OneDNNLinear
 
 CPU_LINEARS = ("auto", "packed", "onednn", "torch")
+
+logger = logging.getLogger(__name__)
 
 
 class PackedLinear(nn.Module):
@@ -49,18 +51,22 @@ def resolve_cpu_linears(requested: str, model: nn.Module) -> str:
         raise ValueError(f"unknown cpu_linears {requested!r}; choose one of {CPU_LINEARS}")
     if requested == "torch" or not _float32_on_cpu(model):
         return "torch"
-    if requested in ("auto", "packed"):
-        from kernels import cpu_linear
+    from kernels import cpu_linear
 
-        if cpu_linear.available():
-            return "packed"
-        if requested == "packed":
-            raise ValueError("cpu_linears='packed' needs the CPU kernels built with AVX2 and FMA")
-    if torch.backends.mkldnn.is_available():
-        return "onednn"
-    if requested == "onednn":
+    packed, onednn = cpu_linear.available(), torch.backends.mkldnn.is_available()
+    if requested == "packed" and not packed:
+        raise ValueError("cpu_linears='packed' needs the CPU kernels built with AVX2 and FMA")
+    if requested == "onednn" and not onednn:
         raise ValueError("cpu_linears='onednn' needs a torch built with oneDNN")
-    return "torch"
+    if requested != "auto":
+        return requested
+    if packed and onednn:
+        ratios = race(model)
+        logger.info(
+            "CPU linears raced, the packed product's time over oneDNN's: %s", describe(ratios)
+        )
+        return "packed" if packed_wins(ratios) else "onednn"
+    return "packed" if packed else "onednn" if onednn else "torch"
 
 
 def swap_cpu_linears(model: nn.Module, kind: str) -> int:

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpu-linears",
         choices=("auto", "packed", "onednn", "torch"),
         help="float32 CPU linears: our packed AVX2 product, oneDNN or aten (default auto: "
-        "the first this machine runs)",
+        "the faster of packed and oneDNN, raced at start-up on the model's weights)",
     )
     engine.add_argument(
         "--core-process",

@@ -229,12 +229,31 @@ def test_cpu_linears_choice(llama_dir: Path) -> None:
     from kernels import cpu_linear
 
     model = load_model(llama_dir, CPU)
-    assert resolve_cpu_linears("auto", model) == ("packed" if cpu_linear.available() else "onednn")
+    # With both kernels, auto races them on this machine (test_cpu_linear_race below).
+    auto = resolve_cpu_linears("auto", model)
+    assert auto in ({"packed", "onednn"} if cpu_linear.available() else {"onednn"})
+    assert resolve_cpu_linears("onednn", model) == "onednn"
     assert resolve_cpu_linears("torch", model) == "torch"
     # Only float32 CPU models take another kernel than aten's.
     assert resolve_cpu_linears("auto", load_model(llama_dir, CPU, dtype="bfloat16")) == "torch"
     with pytest.raises(ValueError, match="unknown cpu_linears"):
         resolve_cpu_linears("mkl", model)
+
+
+def test_cpu_linear_race(llama_dir: Path) -> None:
+    from engine.models.cpu_linear_race import RACE_ROWS, packed_wins, race
+    from kernels import cpu_linear
+
+    # Each size counts alike: a kernel faster at most sizes by a little loses to one
+    # faster at the others by a lot.
+    assert packed_wins({4: 0.8, 32: 0.9, 512: 1.05})
+    assert not packed_wins({4: 0.8, 32: 1.7, 512: 1.9})
+    assert not packed_wins({4: 1.0, 32: 1.0, 512: 1.0})
+    if not cpu_linear.available():
+        pytest.skip("the packed linears need the CPU kernels built with AVX2 and FMA")
+    ratios = race(load_model(llama_dir, CPU))
+    assert list(ratios) == list(RACE_ROWS)
+    assert all(0 < ratio < float("inf") for ratio in ratios.values())
 
 
 def test_sliding_window_caps_the_context(mistral_dir: Path, tmp_path: Path) -> None:
