@@ -5,7 +5,8 @@ by ``--vllm-python``. A random Llama of small realistic shape (4 layers, hidden 
 heads over 2 KV heads, vocab 32000, float32) with a word-level tokenizer is saved once to a
 temp folder and loaded by both. Two comparisons, each alternating ours and vLLM in rounds
 (which side goes first rotates) so that whatever else this shared machine is doing falls on
-both alike; the ratios are medians of per-round ratios:
+both alike, each run starting once the machine is idle; the ratios are medians of per-round
+ratios:
 
 - offline: the seeded workload (prompt and output lengths uniform in ranges, greedy,
   ``ignore_eos``) through our ``LLM.generate`` and vLLM's ``LLM.generate``, each in a
@@ -381,11 +382,35 @@ def child_env(threads: int, ours: bool) -> dict[str, str]:
     return env
 
 
+def _cpu_busy_fraction(window_s: float) -> float:
+    """The whole machine's busy share over ``window_s`` (from /proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    total_before, idle_before = sample()
+    time.sleep(window_s)
+    total_after, idle_after = sample()
+    total = max(1, total_after - total_before)
+    return 1 - (idle_after - idle_before) / total
+
+
+def wait_quiet(max_s: float = 5.0) -> None:
+    """Until the machine is idle (or ``max_s``): the side that just ran may keep a core busy
+    after its last answer (vLLM's CPU server spins one for about a second), and the next
+    side's run would pay for it."""
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline and _cpu_busy_fraction(0.25) > 0.1:
+        pass
+
+
 def alternate(rounds: int, runs: dict[str, Any], label: str) -> dict[str, list[Any]]:
     results: dict[str, list[Any]] = {side: [] for side in runs}
     order = list(runs)
     for round_no in range(rounds):
         for side in order[round_no % 2 :] + order[: round_no % 2]:
+            wait_quiet()
             results[side].append(runs[side]())
         print(f"{label} round {round_no + 1}: " + ", ".join(
             f"{side} {_summary(results[side][-1])}" for side in order), flush=True)  # fmt: skip
