@@ -1,4 +1,5 @@
-"""The CPU linear kernels side by side: packed (``kernels.cpu_linear``), oneDNN and aten.
+"""The CPU linear kernels side by side: packed (``kernels.cpu_linear``), oneDNN and aten
+(and, on a CPU with AVX-512, the packed product held to its AVX2 tiles: ``packed_avx2``).
 
 One "step" runs every linear of a decode step of bench/vs_vllm.py's model (4 layers of hidden
 512 with qkv 768, o 512, gate_up 2816, down 1408 -> 512, and the 512 x 32000 LM head) on
@@ -55,6 +56,8 @@ def main() -> int:
         "onednn": list(onednn),
         "aten": [lambda x, w=w: F.linear(x, w) for w in weights],
     }
+    if cpu_linear.isa() == "avx512":  # the packed product's AVX2 tiles too, for comparison
+        kernels["packed_avx2"] = [lambda x, p=p: _avx2_linear(x, p) for p in packed]
     result: dict[str, dict[str, float]] = {}
     for case in args.rows.split(","):
         rows, head_rows = (2048, 32) if case == "prefill" else (int(case), int(case))
@@ -80,6 +83,14 @@ def main() -> int:
         result[case] = line
     print(json.dumps(result))
     return 0
+
+
+def _avx2_linear(x: torch.Tensor, packed: cpu_linear.PackedWeight) -> torch.Tensor:
+    previous = cpu_linear.allow_avx512(False)
+    try:
+        return cpu_linear.linear(x, packed)
+    finally:
+        cpu_linear.allow_avx512(previous)
 
 
 def _linear_with(weight: torch.Tensor) -> torch.nn.Linear:

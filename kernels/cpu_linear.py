@@ -4,9 +4,10 @@
 A decode step multiplies a few tens of rows by every weight of the model, so it streams all
 the weights from memory once per step. oneDNN (the engine's other CPU path) leaves that
 stream idle while it computes; this kernel keeps the weight in 16-column panels read
-sequentially, six rows per register tile, and prefetches the next panel while it works on
-the current one (``bench/cpu_linear.py``). Part of the CPU kernels' extension
-(``kernels.cpu_build``); ``available()`` is False without a compiler or without AVX2 and FMA.
+sequentially, six rows per register tile with AVX2 (twelve rows over two panels where the CPU
+has AVX-512: ``isa()``), and prefetches the next panel while it works on the current one
+(``bench/cpu_linear.py``). Part of the CPU kernels' extension (``kernels.cpu_build``);
+``available()`` is False without a compiler or without AVX2 and FMA.
 """
 
 from __future__ import annotations
@@ -15,13 +16,27 @@ import torch
 
 from kernels.cpu_build import extension
 
-__all__ = ["PackedWeight", "available", "linear", "pack"]
+__all__ = ["PackedWeight", "allow_avx512", "available", "isa", "linear", "pack"]
 
 
 def available() -> bool:
     """Whether the packed product was built for this CPU (builds the extension on first call)."""
     kernels = extension()
     return kernels is not None and bool(kernels.packed_linear_supported())
+
+
+def isa() -> str:
+    """The vector instructions the product uses here: "avx512", "avx2" or "none"."""
+    kernels = extension()
+    return "none" if kernels is None else str(kernels.packed_linear_isa())
+
+
+def allow_avx512(allow: bool) -> bool:
+    """Whether the product may take its AVX-512 tiles where the CPU has them (on by default;
+    tests and benches compare the two paths); returns the previous setting."""
+    kernels = extension()
+    assert kernels is not None, "check kernels.cpu_linear.available() first"
+    return bool(kernels.packed_linear_allow_avx512(allow))
 
 
 class PackedWeight:

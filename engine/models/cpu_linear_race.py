@@ -1,12 +1,14 @@
 """Which CPU linear kernel is faster on this machine, measured at start-up on the model's own
 weights: the packed product (``kernels.cpu_linear``) or oneDNN.
 
-Neither wins everywhere. The packed kernel is written for AVX2: on AMD EPYC machines without
-AVX-512 it ran a decode step's linears about 1.5x faster than oneDNN, but on one with full
-512-bit units oneDNN's AVX-512 code ran 8 rows and more 1.4-1.9x faster than it, and a
-prefill chunk nearly 2x (``bench/cpu_linear.py``). So ``auto`` races the two on a slice of
-the model's widest layer linear at a few rows, a prefill chunk's worth, and takes the winner
-for the whole model (one packed copy of the weights, not two).
+Neither is sure to win everywhere. On AMD EPYC machines without AVX-512 the packed kernel ran a
+decode step's linears about 1.5x faster than oneDNN; on one with full 512-bit units, while
+the packed kernel had only AVX2 tiles, oneDNN ran 8 rows and more 1.4-1.9x faster and a
+prefill chunk nearly 2x; with its AVX-512 tiles the packed kernel is 1.0-1.4x oneDNN's speed
+there (``bench/cpu_linear.py``). A CPU neither was measured on may differ again, so ``auto``
+races the two on a slice of the model's widest layer linear at a few rows and a prefill
+chunk's worth, and takes the winner for the whole model (one packed copy of the weights,
+not two).
 """
 
 from __future__ import annotations

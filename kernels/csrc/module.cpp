@@ -10,6 +10,8 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                    const at::Tensor& cu_seqlens_q, const at::Tensor& requests, double scale,
                    at::Tensor& out);
 bool packed_linear_supported();
+std::string packed_linear_isa();
+bool packed_linear_allow_avx512(bool allow);
 at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated);
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                          const c10::optional<at::Tensor>& bias, bool gated);
@@ -32,6 +34,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Causal attention of several queries per request, through block tables (CPU)");
   m.def("packed_linear_supported", &packed_linear_supported,
         "Whether packed_linear was built (AVX2 and FMA)");
+  m.def("packed_linear_isa", &packed_linear_isa,
+        "The vector instructions packed_linear uses here: avx512, avx2 or none");
+  m.def("packed_linear_allow_avx512", &packed_linear_allow_avx512,
+        "Let packed_linear use AVX-512 where the CPU has it (tests and benches turn it off); "
+        "returns the previous setting");
   m.def("pack_linear_weight", &pack_linear_weight, nogil, "A linear weight in 16-column panels");
   m.def("packed_linear", &packed_linear, nogil, "x @ W^T (+ bias) with W from pack_linear_weight");
   m.def("rms_norm", &rms_norm, nogil, "RMSNorm of each row");

@@ -16,6 +16,10 @@
 // first), and the product is silu(x W_gate^T + b_gate) * (x W_up^T + b_up), [M, I]: gate
 // panel j and up panel j are packed side by side, and each tile's two results are combined
 // as they leave the registers, so the [M, 2I] product never goes to memory.
+//
+// Where the CPU has AVX-512 (checked at run time; the build stays AVX2) a panel is one
+// register and a tile takes 12 rows. Each output is still the same sequence of fused
+// multiply-adds over k, so both paths give the same bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -24,6 +28,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -83,46 +88,167 @@ void tile(const float* A, int64_t lda, const float* panel, int64_t K, float* C, 
 #undef SG_ROW
 #undef SG_STORE
 
-// Rows [0, M) of A times one panel.
-void panel_rows(const float* A, int64_t lda, int64_t M, const float* panel, int64_t K,
-                float* C, int64_t ldc, const float* bias, int64_t cols) {
-  int64_t m = 0;
-  for (; m + kRows <= M; m += kRows) {
-    tile<6>(A + m * lda, lda, panel, K, C + m * ldc, ldc, bias, cols);
+constexpr int64_t kWideRows = 12;  // rows per AVX-512 tile: 12 accumulators of 32 registers
+
+template <int R>
+__attribute__((target("avx512f"))) void wide_tile(const float* A, int64_t lda,
+                                                 const float* panel, int64_t K, float* C,
+                                                 int64_t ldc, const float* bias, int64_t cols) {
+  __m512 c[R];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) c[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 b = _mm512_load_ps(panel + k * kCols);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[r * lda + k]), b, c[r]);
   }
-  const float* a = A + m * lda;
-  float* c = C + m * ldc;
-  switch (M - m) {
-    case 5: tile<5>(a, lda, panel, K, c, ldc, bias, cols); break;
-    case 4: tile<4>(a, lda, panel, K, c, ldc, bias, cols); break;
-    case 3: tile<3>(a, lda, panel, K, c, ldc, bias, cols); break;
-    case 2: tile<2>(a, lda, panel, K, c, ldc, bias, cols); break;
-    case 1: tile<1>(a, lda, panel, K, c, ldc, bias, cols); break;
-    default: break;
+  const __mmask16 mask = cols >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __m512 bias_v =
+      bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias);
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(C + r * ldc, mask, _mm512_add_ps(c[r], bias_v));
+}
+
+// Rows [0, rows) of A times one panel in one AVX-512 tile (rows <= kWideRows).
+__attribute__((target("avx512f"))) void wide_tile_rows(const float* A, int64_t lda,
+                                                      int64_t rows, const float* panel,
+                                                      int64_t K, float* C, int64_t ldc,
+                                                      const float* bias, int64_t cols) {
+  switch (rows) {
+    case 12: wide_tile<12>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 11: wide_tile<11>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 10: wide_tile<10>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 9: wide_tile<9>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 8: wide_tile<8>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 7: wide_tile<7>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 6: wide_tile<6>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 5: wide_tile<5>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 4: wide_tile<4>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 3: wide_tile<3>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 2: wide_tile<2>(A, lda, panel, K, C, ldc, bias, cols); break;
+    default: wide_tile<1>(A, lda, panel, K, C, ldc, bias, cols); break;
+  }
+}
+
+// Rows [0, R) of A times two panels side by side (24 accumulators): each x value loaded
+// serves two panels, so a tile does twice the multiply-adds per load of x.
+template <int R>
+__attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t lda,
+                                                      const float* p0, const float* p1,
+                                                      int64_t K, float* C0, float* C1,
+                                                      int64_t ldc, const float* b0,
+                                                      const float* b1, int64_t cols0,
+                                                      int64_t cols1) {
+  __m512 c0[R], c1[R];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 w0 = _mm512_load_ps(p0 + k * kCols);
+    const __m512 w1 = _mm512_load_ps(p1 + k * kCols);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(A[r * lda + k]);
+      c0[r] = _mm512_fmadd_ps(a, w0, c0[r]);
+      c1[r] = _mm512_fmadd_ps(a, w1, c1[r]);
+    }
+  }
+  const __mmask16 m0 = cols0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols0) - 1);
+  const __mmask16 m1 = cols1 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols1) - 1);
+  const __m512 bias0 = b0 == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, b0);
+  const __m512 bias1 = b1 == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, b1);
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    _mm512_mask_storeu_ps(C0 + r * ldc, m0, _mm512_add_ps(c0[r], bias0));
+    _mm512_mask_storeu_ps(C1 + r * ldc, m1, _mm512_add_ps(c1[r], bias1));
+  }
+}
+
+#define SG_PAIR(n)                                                                  \
+  case n:                                                                           \
+    wide_pair_tile<n>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1); break;
+
+// Rows [0, rows) of A (rows <= kWideRows) times two panels in one AVX-512 tile.
+__attribute__((target("avx512f"))) void wide_pair_rows(const float* A, int64_t lda,
+                                                      int64_t rows, const float* p0,
+                                                      const float* p1, int64_t K, float* C0,
+                                                      float* C1, int64_t ldc, const float* b0,
+                                                      const float* b1, int64_t cols0,
+                                                      int64_t cols1) {
+  switch (rows) {
+    SG_PAIR(12) SG_PAIR(11) SG_PAIR(10) SG_PAIR(9) SG_PAIR(8) SG_PAIR(7)
+    SG_PAIR(6) SG_PAIR(5) SG_PAIR(4) SG_PAIR(3) SG_PAIR(2)
+    default: wide_pair_tile<1>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1); break;
+  }
+}
+#undef SG_PAIR
+
+// Rows [0, rows) of A (rows <= 6) times one panel in one AVX2 tile.
+void tile_rows(const float* A, int64_t lda, int64_t rows, const float* panel, int64_t K,
+               float* C, int64_t ldc, const float* bias, int64_t cols) {
+  switch (rows) {
+    case 6: tile<6>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 5: tile<5>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 4: tile<4>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 3: tile<3>(A, lda, panel, K, C, ldc, bias, cols); break;
+    case 2: tile<2>(A, lda, panel, K, C, ldc, bias, cols); break;
+    default: tile<1>(A, lda, panel, K, C, ldc, bias, cols); break;
+  }
+}
+
+std::atomic<bool> wide_allowed{true};
+
+bool wide_supported() {
+  static const bool supported = __builtin_cpu_supports("avx512f");
+  return supported;
+}
+
+// Rows per tile on this CPU: AVX-512's 12 where it has it (and tests have not turned it off).
+int64_t tile_height() { return wide_supported() && wide_allowed.load() ? kWideRows : kRows; }
+
+void any_tile_rows(int64_t height, const float* A, int64_t lda, int64_t rows,
+                   const float* panel, int64_t K, float* C, int64_t ldc, const float* bias,
+                   int64_t cols) {
+  if (height == kWideRows) {
+    wide_tile_rows(A, lda, rows, panel, K, C, ldc, bias, cols);
+  } else {
+    tile_rows(A, lda, rows, panel, K, C, ldc, bias, cols);
+  }
+}
+
+// Rows [0, M) of A times one panel, or two side by side (``p1`` given: AVX-512 tiles only),
+// in tiles of at most ``height`` rows, as even as they divide (13 rows: 7 and 6, not 12 and
+// 1: a short tile does few multiply-adds per load).
+void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const float* p0,
+                const float* p1, int64_t K, float* C0, float* C1, int64_t ldc,
+                const float* b0, const float* b1, int64_t cols0, int64_t cols1) {
+  const int64_t tiles = (M + height - 1) / height, base = M / tiles, longer = M % tiles;
+  for (int64_t t = 0, m = 0; t < tiles; ++t) {
+    const int64_t rows = base + (t < longer ? 1 : 0);
+    const float* a = A + m * lda;
+    if (p1 != nullptr) {
+      wide_pair_rows(a, lda, rows, p0, p1, K, C0 + m * ldc, C1 + m * ldc, ldc, b0, b1, cols0,
+                     cols1);
+    } else {
+      any_tile_rows(height, a, lda, rows, p0, K, C0 + m * ldc, ldc, b0, cols0);
+    }
+    m += rows;
   }
 }
 
 // Rows [0, M) of A times a gate panel and its up panel: silu(gate) * up into C.
-void gated_panel_rows(const float* A, int64_t lda, int64_t M, const float* gate,
-                      const float* up, int64_t K, float* C, int64_t ldc, const float* gate_bias,
-                      const float* up_bias, int64_t cols) {
-  alignas(32) float g[kRows * kCols], u[kRows * kCols];
-  for (int64_t m = 0; m < M; m += kRows) {
-    const int64_t rows = std::min(kRows, M - m);
+void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M,
+                      const float* gate, const float* up, int64_t K, float* C, int64_t ldc,
+                      const float* gate_bias, const float* up_bias, int64_t cols) {
+  alignas(64) float g[kWideRows * kCols], u[kWideRows * kCols];
+  const int64_t tiles = (M + height - 1) / height, base = M / tiles, longer = M % tiles;
+  for (int64_t t = 0, m = 0; t < tiles; ++t) {
+    const int64_t rows = base + (t < longer ? 1 : 0);
     const float* a = A + m * lda;
-    switch (rows) {
-      case 6: tile<6>(a, lda, gate, K, g, kCols, gate_bias, cols);
-              tile<6>(a, lda, up, K, u, kCols, up_bias, cols); break;
-      case 5: tile<5>(a, lda, gate, K, g, kCols, gate_bias, cols);
-              tile<5>(a, lda, up, K, u, kCols, up_bias, cols); break;
-      case 4: tile<4>(a, lda, gate, K, g, kCols, gate_bias, cols);
-              tile<4>(a, lda, up, K, u, kCols, up_bias, cols); break;
-      case 3: tile<3>(a, lda, gate, K, g, kCols, gate_bias, cols);
-              tile<3>(a, lda, up, K, u, kCols, up_bias, cols); break;
-      case 2: tile<2>(a, lda, gate, K, g, kCols, gate_bias, cols);
-              tile<2>(a, lda, up, K, u, kCols, up_bias, cols); break;
-      default: tile<1>(a, lda, gate, K, g, kCols, gate_bias, cols);
-               tile<1>(a, lda, up, K, u, kCols, up_bias, cols); break;
+    if (height == kWideRows) {
+      wide_pair_rows(a, lda, rows, gate, up, K, g, u, kCols, gate_bias, up_bias, cols, cols);
+    } else {
+      any_tile_rows(height, a, lda, rows, gate, K, g, kCols, gate_bias, cols);
+      any_tile_rows(height, a, lda, rows, up, K, u, kCols, up_bias, cols);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const float* gr = g + r * kCols;
@@ -131,10 +257,15 @@ void gated_panel_rows(const float* A, int64_t lda, int64_t M, const float* gate,
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) c[j] = gr[j] / (1.0f + std::exp(-gr[j])) * ur[j];
     }
+    m += rows;
   }
 }
 
 }  // namespace
+
+std::string packed_linear_isa() { return tile_height() == kWideRows ? "avx512" : "avx2"; }
+
+bool packed_linear_allow_avx512(bool allow) { return wide_allowed.exchange(allow); }
 
 at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dtype() == at::kFloat && weight.dim() == 2,
@@ -207,8 +338,9 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   // they go (parallel_items) stay balanced. Within an item the panels go by in order, which
   // the hardware prefetcher follows (software prefetching measured no better, and its branch
   // slowed large products).
+  const int64_t height = tile_height();
   const int64_t row_bytes = K * int64_t(sizeof(float));
-  const int64_t block_rows = std::max<int64_t>(kRows, kBlockBytes / row_bytes / kRows * kRows);
+  const int64_t block_rows = std::max<int64_t>(height, kBlockBytes / row_bytes / height * height);
   const int64_t blocks = (M + block_rows - 1) / block_rows;
   const int64_t unit_bytes = row_bytes * kCols * (gated ? 2 : 1);
   const int64_t most_units = std::max<int64_t>(
@@ -219,18 +351,25 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
     const int64_t group = item / blocks, block = item % blocks;
     const int64_t m0 = block * block_rows, rows = std::min(block_rows, M - m0);
     const int64_t first = group * group_units, last = std::min(units, first + group_units);
-    for (int64_t j = first; j < last; ++j) {
+    for (int64_t j = first; j < last;) {
       const int64_t cols = std::min(kCols, width - j * kCols);
       float* c = C + m0 * width + j * kCols;
       if (gated) {
         const float* gate = B + 2 * j * K * kCols;
-        gated_panel_rows(A + m0 * lda, lda, rows, gate, gate + K * kCols, K, c, width,
+        gated_panel_rows(height, A + m0 * lda, lda, rows, gate, gate + K * kCols, K, c, width,
                          bias_data == nullptr ? nullptr : bias_data + j * kCols,
                          bias_data == nullptr ? nullptr : bias_data + width + j * kCols, cols);
-      } else {
-        panel_rows(A + m0 * lda, lda, rows, B + j * K * kCols, K, c, width,
-                   bias_data == nullptr ? nullptr : bias_data + j * kCols, cols);
+        ++j;
+        continue;
       }
+      // AVX-512 tiles take this item's panels two at a time.
+      const bool pair = height == kWideRows && j + 1 < last;
+      const int64_t cols1 = pair ? std::min(kCols, width - (j + 1) * kCols) : 0;
+      const float* bias0 = bias_data == nullptr ? nullptr : bias_data + j * kCols;
+      panel_rows(height, A + m0 * lda, lda, rows, B + j * K * kCols,
+                 pair ? B + (j + 1) * K * kCols : nullptr, K, c, c + kCols, width, bias0,
+                 bias0 == nullptr || !pair ? nullptr : bias0 + kCols, cols, cols1);
+      j += pair ? 2 : 1;
     }
   });
   return out;
@@ -239,6 +378,10 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
 #else
 
 bool packed_linear_supported() { return false; }
+
+std::string packed_linear_isa() { return "none"; }
+
+bool packed_linear_allow_avx512(bool) { return false; }
 
 at::Tensor pack_linear_weight(const at::Tensor&, bool) {
   TORCH_CHECK(false, "packed_linear needs AVX2 and FMA");

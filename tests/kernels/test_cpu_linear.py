@@ -103,3 +103,24 @@ def test_gated_weight_returns_silu_of_gate_times_up(
     out = cpu_linear.linear(x, cpu_linear.pack(weight, bias, gated=True))
     assert out.shape == (rows, intermediate)
     torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_avx512_and_avx2_tiles_give_the_same_bits(gated: bool) -> None:
+    # Each output is the same sequence of fused multiply-adds over k in both tile shapes.
+    if cpu_linear.isa() != "avx512":
+        pytest.skip("this CPU has no AVX-512: the AVX2 tiles are the only ones")
+    generator = torch.Generator().manual_seed(29)
+    weight = torch.randn(2 * 70, 200, generator=generator) / 14
+    bias = torch.randn(2 * 70, generator=generator)
+    packed = cpu_linear.pack(weight, bias, gated=gated)
+    for rows in (1, 5, 6, 7, 12, 13, 30, 500):
+        x = torch.randn(rows, 200, generator=generator)
+        wide = cpu_linear.linear(x, packed)
+        previous = cpu_linear.allow_avx512(False)
+        try:
+            assert cpu_linear.isa() == "avx2"
+            narrow = cpu_linear.linear(x, packed)
+        finally:
+            cpu_linear.allow_avx512(previous)
+        assert torch.equal(wide, narrow), rows
