@@ -143,7 +143,7 @@ def _worker_process(
     answered last."""
     model = f"test-core-{uuid.uuid4().hex[:10]}"
     rid = f"{model}-long"
-    rids = [f"{rid}-{i}" for i in range(12)]
+    rids = [f"{rid}-{i}" for i in range(48)]
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     client = redis.Redis.from_url(REDIS_URL)
@@ -158,11 +158,11 @@ def _worker_process(
     try:
         _wait_ready(port, worker, log_path)
         sampling = protocol.Sampling(max_tokens=1000, temperature=0, ignore_eos=True)
-        # Twelve long requests, of which the KV cache holds two at a time: the core is still
-        # stepping seconds later (one alone, a second at the tiny model's pace, may be over
-        # before a heartbeat shows it). The last one is answered last. Their prompts differ:
-        # identical greedy requests would share their cached blocks, all run at once, and
-        # could all be over in the core (their deltas still on the way) when it is killed.
+        # Forty-eight long requests, a KV cache that holds two whole at a time: the core is
+        # still stepping seconds later, when the test has seen a heartbeat (one a second)
+        # and kills it. Twelve were all over within that second on a fast machine (the core
+        # runs ahead of the deltas it sent). The last one is answered last. Their prompts
+        # differ: identical greedy requests would share their cached blocks.
         for index, request_id in enumerate(rids):
             request = protocol.Request(request_id, model, sampling, prompt_token_ids=[5, 6 + index])
             client.xadd(
