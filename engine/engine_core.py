@@ -27,7 +27,8 @@ from engine.sampler import Sampler
 from engine.sampler_output import SampledBatch, TokenLogprobs
 from engine.sampler_slots import BatchRows, derived_seed
 from engine.sampling import SamplingParams
-from engine.scheduler import ScheduledSequence, Scheduler, SchedulerOutput
+from engine.scheduler import Scheduler
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
 from engine.tools import detect_tool_parser, make_tool_parser

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.block_manager import blocks_for
-from engine.scheduler import ScheduledSequence, SchedulerOutput
+from engine.scheduler_output import ScheduledSequence, SchedulerOutput
 
 
 @dataclass

@@ -14,7 +14,7 @@ from engine.compilation import register_layers, step_metadata, warm_compiled
 from engine.cuda_graphs import DecodeGraphs
 from engine.input_batch import InputBatch, StepArrays
 from engine.models.llama import LlamaForCausalLM
-from engine.scheduler import SchedulerOutput
+from engine.scheduler_output import SchedulerOutput
 from engine.staging import PinnedStaging
 
 logger = logging.getLogger(__name__)

@@ -34,11 +34,11 @@ from gateway.api.openai_completions import CompletionsController
 from gateway.api.openai_embeddings import EmbeddingsController
 from gateway.api.openai_models import ModelsController
 from gateway.api.openai_responses import ResponsesController
-from gateway.auth import KeyCache
 from gateway.body import check_body
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.db.usage import DatabaseSpend
 from gateway.errors import EXCEPTION_HANDLERS
+from gateway.key_cache import KeyCache
 from gateway.lease_book import LeaseBook
 from gateway.limits import RateLimiter
 from gateway.pricing import PriceBook, prices_from_config

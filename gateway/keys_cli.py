@@ -20,11 +20,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from engine.redis_client import async_client
 from gateway.api.admin import service
-from gateway.auth import publish_invalidation
 from gateway.db import keys as key_queries
 from gateway.db.audit import Actor
 from gateway.db.models import ApiKey
 from gateway.db.session import create_engine, create_sessionmaker
+from gateway.key_cache import publish_invalidation
 from gateway.settings import Settings
 
 CLI_ACTOR = Actor(name="cli")

@@ -3,7 +3,7 @@
 - ``settings``: ``gateway.settings.Settings``
 - ``redis``: ``redis.asyncio.Redis``
 - ``db_sessionmaker``: ``async_sessionmaker[AsyncSession]`` (see ``gateway.db.session``)
-- ``key_cache``: ``gateway.auth.KeyCache``
+- ``key_cache``: ``gateway.key_cache.KeyCache``
 - ``router``: the routing table; ``describe()`` lists models and deployments
 - ``limiter``: ``gateway.limits.RateLimiter`` (admission, and the budget counters it reads)
 - ``prices``: ``gateway.pricing.PriceBook``

@@ -15,10 +15,10 @@ from litestar.response import Redirect, Template
 from gateway.api.admin import service
 from gateway.api.admin.reports import key_budget
 from gateway.api.admin.schemas import GRACE_MAX_S
-from gateway.auth import publish_invalidation
 from gateway.db import keys as key_queries
 from gateway.db import teams as team_queries
 from gateway.db.models import ApiKey
+from gateway.key_cache import publish_invalidation
 from gateway.ui.common import (
     PAGE_SIZE,
     FormError,

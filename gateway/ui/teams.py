@@ -14,9 +14,9 @@ from litestar.response import Redirect, Template
 from gateway.api.admin import service
 from gateway.api.admin.guards import require_team_access
 from gateway.api.admin.reports import team_budget
-from gateway.auth import publish_invalidation
 from gateway.db import teams as team_queries
 from gateway.errors import NotFound
+from gateway.key_cache import publish_invalidation
 from gateway.ui.common import FormError, render, request_id, sessions
 from gateway.ui.limit_forms import limit_fields_from_form, render_edit, render_refused_create
 from gateway.ui.session import check_csrf, session_of, ui_guard

@@ -10,7 +10,8 @@ from engine.block_manager import blocks_for
 from engine.config import SchedulerConfig
 from engine.input_batch import InputBatch
 from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence
 
 BLOCK = 4

@@ -9,7 +9,8 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.block_manager import blocks_for
-from engine.scheduler import RequestRejected, SchedulerOutput
+from engine.scheduler import RequestRejected
+from engine.scheduler_output import SchedulerOutput
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 

@@ -16,7 +16,8 @@ import pytest
 
 from engine.block_manager import compute_block_hashes
 from engine.config import SchedulerConfig
-from engine.scheduler import RequestRejected, Scheduler, SchedulerOutput
+from engine.scheduler import RequestRejected, Scheduler
+from engine.scheduler_output import SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
 VOCAB = 50

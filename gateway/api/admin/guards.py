@@ -16,9 +16,10 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from gateway.auth import KeyCache, bearer_token, client_address
+from gateway.auth import bearer_token, client_address
 from gateway.db.audit import Actor
 from gateway.errors import AuthenticationFailed, PermissionDenied
+from gateway.key_cache import KeyCache
 from gateway.settings import Settings
 
 ADMIN_DENIED = "admin_forbidden"

@@ -27,9 +27,9 @@ from gateway.api.admin.schemas import (
     RotateRequest,
     key_fields,
 )
-from gateway.auth import publish_invalidation
 from gateway.db import keys as key_queries
 from gateway.db import teams as team_queries
+from gateway.key_cache import publish_invalidation
 
 
 def sessions(request: Request[Any, Any, Any]) -> async_sessionmaker[AsyncSession]:

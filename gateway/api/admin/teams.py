@@ -28,9 +28,9 @@ from gateway.api.admin.schemas import (
     TeamUsageReport,
     TeamView,
 )
-from gateway.auth import publish_invalidation
 from gateway.db import teams as team_queries
 from gateway.errors import NotFound
+from gateway.key_cache import publish_invalidation
 
 
 def _team_not_found(team_id: uuid.UUID) -> NotFound:

@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.app import create_app
-from gateway.auth import KeyCache
+from gateway.key_cache import KeyCache
 from gateway.settings import Settings
 
 

@@ -15,10 +15,11 @@ from redis.asyncio import Redis
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.auth import KeyCache, generate_key, publish_invalidation
+from gateway.auth import generate_key
 from gateway.db import keys as key_queries
 from gateway.db.session import create_engine, create_sessionmaker
 from gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
+from gateway.key_cache import KeyCache, publish_invalidation
 from gateway.settings import Settings
 
 

@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.auth import KeyCache
 from gateway.db.models import ApiKey, AuditEntry
 from gateway.errors import AuthenticationFailed
+from gateway.key_cache import KeyCache
 from gateway.keys_cli import main
 from gateway.settings import Settings
 
