@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 // Built only where the compiler targets AVX2 with FMA (kernels/cpu_build.py passes the flags
 // this CPU has); elsewhere packed_linear_supported() says no and the engine keeps oneDNN.
@@ -90,6 +91,16 @@ void tile(const float* A, int64_t lda, const float* panel, int64_t K, float* C, 
 
 constexpr int64_t kWideRows = 12;  // rows per AVX-512 tile: 12 accumulators of 32 registers
 
+// The first ``cols`` lanes of a panel (a model's last panel may be narrower than 16).
+__mmask16 columns_mask(int64_t cols) {
+  return cols >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+}
+
+// A panel's bias in one register (zero where there is none or past ``mask``).
+__attribute__((target("avx512f"))) inline __m512 wide_bias(const float* bias, __mmask16 mask) {
+  return bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias);
+}
+
 template <int R>
 __attribute__((target("avx512f"))) void wide_tile(const float* A, int64_t lda,
                                                  const float* panel, int64_t K, float* C,
@@ -102,32 +113,10 @@ __attribute__((target("avx512f"))) void wide_tile(const float* A, int64_t lda,
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[r * lda + k]), b, c[r]);
   }
-  const __mmask16 mask = cols >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-  const __m512 bias_v =
-      bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias);
+  const __mmask16 mask = columns_mask(cols);
+  const __m512 bias_v = wide_bias(bias, mask);
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(C + r * ldc, mask, _mm512_add_ps(c[r], bias_v));
-}
-
-// Rows [0, rows) of A times one panel in one AVX-512 tile (rows <= kWideRows).
-__attribute__((target("avx512f"))) void wide_tile_rows(const float* A, int64_t lda,
-                                                      int64_t rows, const float* panel,
-                                                      int64_t K, float* C, int64_t ldc,
-                                                      const float* bias, int64_t cols) {
-  switch (rows) {
-    case 12: wide_tile<12>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 11: wide_tile<11>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 10: wide_tile<10>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 9: wide_tile<9>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 8: wide_tile<8>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 7: wide_tile<7>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 6: wide_tile<6>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 5: wide_tile<5>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 4: wide_tile<4>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 3: wide_tile<3>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 2: wide_tile<2>(A, lda, panel, K, C, ldc, bias, cols); break;
-    default: wide_tile<1>(A, lda, panel, K, C, ldc, bias, cols); break;
-  }
 }
 
 // Rows [0, R) of A times two panels side by side (24 accumulators): each x value loaded
@@ -152,10 +141,8 @@ __attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t l
       c1[r] = _mm512_fmadd_ps(a, w1, c1[r]);
     }
   }
-  const __mmask16 m0 = cols0 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols0) - 1);
-  const __mmask16 m1 = cols1 >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols1) - 1);
-  const __m512 bias0 = b0 == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m0, b0);
-  const __m512 bias1 = b1 == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m1, b1);
+  const __mmask16 m0 = columns_mask(cols0), m1 = columns_mask(cols1);
+  const __m512 bias0 = wide_bias(b0, m0), bias1 = wide_bias(b1, m1);
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) {
     _mm512_mask_storeu_ps(C0 + r * ldc, m0, _mm512_add_ps(c0[r], bias0));
@@ -163,36 +150,39 @@ __attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t l
   }
 }
 
-#define SG_PAIR(n)                                                                  \
-  case n:                                                                           \
-    wide_pair_tile<n>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1); break;
+// f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows <= Max: a tile's row count
+// known at run time picks the template compiled for it.
+template <int Max, typename F>
+void with_rows(int64_t rows, F&& f) {
+  if constexpr (Max > 1) {
+    if (rows < Max) return with_rows<Max - 1>(rows, f);
+  }
+  f(std::integral_constant<int, Max>{});
+}
+
+// Rows [0, rows) of A times one panel in one AVX-512 tile (rows <= kWideRows).
+void wide_tile_rows(const float* A, int64_t lda, int64_t rows, const float* panel, int64_t K,
+                    float* C, int64_t ldc, const float* bias, int64_t cols) {
+  with_rows<kWideRows>(rows, [&](auto r) {
+    wide_tile<decltype(r)::value>(A, lda, panel, K, C, ldc, bias, cols);
+  });
+}
 
 // Rows [0, rows) of A (rows <= kWideRows) times two panels in one AVX-512 tile.
-__attribute__((target("avx512f"))) void wide_pair_rows(const float* A, int64_t lda,
-                                                      int64_t rows, const float* p0,
-                                                      const float* p1, int64_t K, float* C0,
-                                                      float* C1, int64_t ldc, const float* b0,
-                                                      const float* b1, int64_t cols0,
-                                                      int64_t cols1) {
-  switch (rows) {
-    SG_PAIR(12) SG_PAIR(11) SG_PAIR(10) SG_PAIR(9) SG_PAIR(8) SG_PAIR(7)
-    SG_PAIR(6) SG_PAIR(5) SG_PAIR(4) SG_PAIR(3) SG_PAIR(2)
-    default: wide_pair_tile<1>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1); break;
-  }
+void wide_pair_rows(const float* A, int64_t lda, int64_t rows, const float* p0,
+                    const float* p1, int64_t K, float* C0, float* C1, int64_t ldc,
+                    const float* b0, const float* b1, int64_t cols0, int64_t cols1) {
+  with_rows<kWideRows>(rows, [&](auto r) {
+    wide_pair_tile<decltype(r)::value>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1);
+  });
 }
-#undef SG_PAIR
 
-// Rows [0, rows) of A (rows <= 6) times one panel in one AVX2 tile.
+// Rows [0, rows) of A (rows <= kRows) times one panel in one AVX2 tile.
 void tile_rows(const float* A, int64_t lda, int64_t rows, const float* panel, int64_t K,
                float* C, int64_t ldc, const float* bias, int64_t cols) {
-  switch (rows) {
-    case 6: tile<6>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 5: tile<5>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 4: tile<4>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 3: tile<3>(A, lda, panel, K, C, ldc, bias, cols); break;
-    case 2: tile<2>(A, lda, panel, K, C, ldc, bias, cols); break;
-    default: tile<1>(A, lda, panel, K, C, ldc, bias, cols); break;
-  }
+  with_rows<kRows>(rows, [&](auto r) {
+    tile<decltype(r)::value>(A, lda, panel, K, C, ldc, bias, cols);
+  });
 }
 
 std::atomic<bool> wide_allowed{true};
@@ -215,15 +205,24 @@ void any_tile_rows(int64_t height, const float* A, int64_t lda, int64_t rows,
   }
 }
 
-// Rows [0, M) of A times one panel, or two side by side (``p1`` given: AVX-512 tiles only),
-// in tiles of at most ``height`` rows, as even as they divide (13 rows: 7 and 6, not 12 and
-// 1: a short tile does few multiply-adds per load).
-void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const float* p0,
-                const float* p1, int64_t K, float* C0, float* C1, int64_t ldc,
-                const float* b0, const float* b1, int64_t cols0, int64_t cols1) {
+// f(m, rows) for tiles of at most ``height`` rows covering rows [0, M), as even as they
+// divide (13 rows: 7 and 6, not 12 and 1: a short tile does few multiply-adds per load).
+template <typename F>
+void even_tiles(int64_t M, int64_t height, F&& f) {
   const int64_t tiles = (M + height - 1) / height, base = M / tiles, longer = M % tiles;
   for (int64_t t = 0, m = 0; t < tiles; ++t) {
     const int64_t rows = base + (t < longer ? 1 : 0);
+    f(m, rows);
+    m += rows;
+  }
+}
+
+// Rows [0, M) of A times one panel, or two side by side (``p1`` given: AVX-512 tiles only),
+// in tiles of at most ``height`` rows.
+void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const float* p0,
+                const float* p1, int64_t K, float* C0, float* C1, int64_t ldc,
+                const float* b0, const float* b1, int64_t cols0, int64_t cols1) {
+  even_tiles(M, height, [&](int64_t m, int64_t rows) {
     const float* a = A + m * lda;
     if (p1 != nullptr) {
       wide_pair_rows(a, lda, rows, p0, p1, K, C0 + m * ldc, C1 + m * ldc, ldc, b0, b1, cols0,
@@ -231,8 +230,7 @@ void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const fl
     } else {
       any_tile_rows(height, a, lda, rows, p0, K, C0 + m * ldc, ldc, b0, cols0);
     }
-    m += rows;
-  }
+  });
 }
 
 // Rows [0, M) of A times a gate panel and its up panel: silu(gate) * up into C.
@@ -240,9 +238,7 @@ void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M,
                       const float* gate, const float* up, int64_t K, float* C, int64_t ldc,
                       const float* gate_bias, const float* up_bias, int64_t cols) {
   alignas(64) float g[kWideRows * kCols], u[kWideRows * kCols];
-  const int64_t tiles = (M + height - 1) / height, base = M / tiles, longer = M % tiles;
-  for (int64_t t = 0, m = 0; t < tiles; ++t) {
-    const int64_t rows = base + (t < longer ? 1 : 0);
+  even_tiles(M, height, [&](int64_t m, int64_t rows) {
     const float* a = A + m * lda;
     if (height == kWideRows) {
       wide_pair_rows(a, lda, rows, gate, up, K, g, u, kCols, gate_bias, up_bias, cols, cols);
@@ -257,8 +253,7 @@ void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M,
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) c[j] = gr[j] / (1.0f + std::exp(-gr[j])) * ur[j];
     }
-    m += rows;
-  }
+  });
 }
 
 }  // namespace
