@@ -33,6 +33,7 @@ import triton.language as tl
 from kernels.attention_launch import (
     _interpreting,
     _tile_config,
+    check_paged_attention_args,
     default_num_splits,
     plan_tiles,
     split_counts,
@@ -257,7 +258,7 @@ def paged_attention(
     decode requests (a power of two; 1 turns it off); by default the launcher splits decode
     batches whose (request, KV head) programs would not fill the GPU.
     """
-    _check_paged_attention(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
+    check_paged_attention_args(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)
     num_tokens = q.shape[0]
     num_seqs = seq_lens.shape[0]
     out = torch.empty_like(q)
@@ -391,47 +392,3 @@ def warm_up(
             paged_attention(q[:2], cache, cache, table, seq_lens, decode_cu, 1.0, num_splits=splits)
             names.append(f"decode split {splits}")
     return names
-
-
-def _check_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-) -> None:
-    if q.dim() != 3:
-        raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match, "
-            "[num_blocks, block_size, num_kv_heads, head_dim]"
-        )
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError("k_cache and v_cache must share a memory layout")
-    if q.shape[2] != k_cache.shape[3]:
-        raise ValueError(f"q head_dim {q.shape[2]} != cache head_dim {k_cache.shape[3]}")
-    if q.shape[1] % k_cache.shape[2]:
-        raise ValueError(f"{q.shape[1]} query heads not a multiple of {k_cache.shape[2]} KV heads")
-    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
-        raise TypeError(f"q {q.dtype} and caches {k_cache.dtype}/{v_cache.dtype} must match")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"unsupported dtype {q.dtype}")
-    num_seqs = seq_lens.shape[0]
-    if block_tables.dim() != 2 or block_tables.shape[0] != num_seqs:
-        raise ValueError(f"block_tables {tuple(block_tables.shape)} needs one row per request")
-    if cu_seqlens_q.shape != (num_seqs + 1,):
-        raise ValueError(f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} must have num_seqs + 1 items")
-    for name, tensor in (("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if tensor.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"{name} must be int32/int64, got {tensor.dtype}")
-    if cu_seqlens_q.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"cu_seqlens_q must be int32/int64, got {cu_seqlens_q.dtype}")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
-        raise ValueError("q, the caches and block_tables must be contiguous in the last dim")
-    if not (seq_lens.is_contiguous() and cu_seqlens_q.is_contiguous()):
-        raise ValueError("seq_lens and cu_seqlens_q must be contiguous")
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {devices}")
