@@ -24,6 +24,12 @@ of percent within minutes) touches them alike; the load runs then go one gateway
 (Measured one after the other instead, our added latency over Portkey's swung from 0.33x to
 0.64x between runs on one machine; in blocks, seven runs gave 0.57-0.67x.)
 
+``--baseline DIR`` runs the gateway of another checkout of this repository (e.g. ``git worktree
+add /tmp/before <commit>``) the same way, in the same blocks and load runs, and reports it under
+``baseline`` with ``vs_baseline`` (ours over it: added latency and req/s): a before/after that
+this machine's drift cannot tilt. Its database is migrated by this checkout's migrations, so
+the two must agree on the schema.
+
 Environment: ``SLUICEGATE_DATABASE_URL`` (a database the bench may create databases on;
 default the local ``test`` database) and ``SLUICEGATE_REDIS_URL``.
 """
@@ -43,139 +49,28 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gateway_peers
 import httpx
 import yaml
+from instant_upstream import MODEL, use_uvloop
+from load_client import latency_blocks, latency_rounds, percentile, throughput
 
 from gateway.db.scratch import scratch_database
 
-MODEL = "bench"
-LATENCY_BLOCK_ROUNDS = 100
-"""Sequential rounds a gateway runs before the next one takes its turn."""
+UPSTREAM_SCRIPT = Path(__file__).with_name("instant_upstream.py")
+
 REQUEST_BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 16}
 ).encode()
-UPSTREAM_BODY = json.dumps(
-    {
-        "id": "chatcmpl-upstream",
-        "object": "chat.completion",
-        "created": 1700000000,
-        "model": MODEL,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "Hello there, friend!"},
-                "logprobs": None,
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14},
-    }
-).encode()
-UPSTREAM_RESPONSE = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-    + str(len(UPSTREAM_BODY)).encode()
-    + b"\r\n\r\n"
-    + UPSTREAM_BODY
-)
-
-
-def _use_uvloop() -> None:
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-# ---- the upstream ----------------------------------------------------------------------------
-
-
-class _UpstreamProtocol(asyncio.Protocol):
-    """HTTP/1.1 keep-alive; every complete request gets the same completion at once."""
-
-    def __init__(self) -> None:
-        self._buffer = b""
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        while (end := self._buffer.find(b"\r\n\r\n")) >= 0:
-            length = _content_length(self._buffer[:end])
-            total = end + 4 + length
-            if len(self._buffer) < total:
-                return
-            self._buffer = self._buffer[total:]
-            assert self._transport is not None
-            self._transport.write(UPSTREAM_RESPONSE)
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return int(value)
-    return 0
-
-
-def serve_upstream(port: int) -> None:
-    _use_uvloop()
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(_UpstreamProtocol, "127.0.0.1", port, backlog=1024)
-        async with server:
-            await server.serve_forever()
-
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
-
-
-# ---- the load generator ----------------------------------------------------------------------
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection that sends prebuilt requests."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    @classmethod
-    async def open(cls, port: int) -> Connection:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.transport.get_extra_info("socket").setsockopt(
-            socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
-        )
-        return cls(reader, writer)
-
-    async def send(self, raw: bytes) -> tuple[int, bytes]:
-        self.writer.write(raw)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        lowered = head.lower()
-        if b"transfer-encoding: chunked" in lowered:
-            body = b""
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n"))[:-2], 16)
-                chunk = await self.reader.readexactly(size + 2)
-                if size == 0:
-                    return status, body
-                body += chunk[:-2]
-        return status, await self.reader.readexactly(_content_length(head))
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 def build_request(port: int, path: str, api_key: str | None) -> bytes:
@@ -199,84 +94,6 @@ def cpu_seconds(pid: int) -> float:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / tick
     return total
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def latency_rounds(
-    direct: tuple[int, bytes], gateway: tuple[int, bytes], rounds: int
-) -> tuple[list[float], list[float], int]:
-    """Sequential requests, one at a time, to the upstream directly and through the gateway,
-    interleaved in rounds (the order flips every round): (direct ms, gateway ms, errors)."""
-    direct_conn = await Connection.open(direct[0])
-    gateway_conn = await Connection.open(gateway[0])
-    direct_ms: list[float] = []
-    gateway_ms: list[float] = []
-    errors = 0
-
-    async def timed(conn: Connection, raw: bytes, into: list[float]) -> None:
-        nonlocal errors
-        started = time.perf_counter()
-        status, _ = await conn.send(raw)
-        into.append((time.perf_counter() - started) * 1000)
-        errors += status != 200
-
-    for i in range(rounds):
-        if i % 2:
-            await timed(gateway_conn, gateway[1], gateway_ms)
-            await timed(direct_conn, direct[1], direct_ms)
-        else:
-            await timed(direct_conn, direct[1], direct_ms)
-            await timed(gateway_conn, gateway[1], gateway_ms)
-    direct_conn.close()
-    gateway_conn.close()
-    return direct_ms, gateway_ms, errors
-
-
-async def latency_blocks(
-    direct: tuple[int, bytes], gateways: dict[str, tuple[int, bytes]], rounds: int
-) -> dict[str, tuple[list[float], list[float], int]]:
-    """``latency_rounds`` for every gateway, ``rounds`` each, in blocks taken in turn, so that
-    a drift in this machine's speed (tens of percent within minutes) touches all alike. Each
-    gateway is alone in its block: a gateway's work after its answers (settling, logging)
-    falls on its own block, as it would on a machine of its own, not on another's requests."""
-    timed: dict[str, tuple[list[float], list[float], int]] = {
-        name: ([], [], 0) for name in gateways
-    }
-    blocks = max(1, rounds // LATENCY_BLOCK_ROUNDS)
-    for block in range(blocks):
-        size = rounds // blocks + (block < rounds % blocks)
-        for name, gateway in gateways.items():
-            direct_ms, gateway_ms, errors = await latency_rounds(direct, gateway, size)
-            so_far = timed[name]
-            timed[name] = (so_far[0] + direct_ms, so_far[1] + gateway_ms, so_far[2] + errors)
-    return timed
-
-
-async def throughput(port: int, raw: bytes, clients: int, seconds: float) -> tuple[float, int, int]:
-    """Returns (requests/s, errors, requests)."""
-    connections = [await Connection.open(port) for _ in range(clients)]
-    done = 0
-    errors = 0
-    stop_at = 0.0
-
-    async def client(conn: Connection) -> None:
-        nonlocal done, errors
-        while time.perf_counter() < stop_at:
-            status, _ = await conn.send(raw)
-            done += 1
-            errors += status != 200
-
-    started = time.perf_counter()
-    stop_at = started + seconds
-    await asyncio.gather(*(client(c) for c in connections))
-    elapsed = time.perf_counter() - started
-    for conn in connections:
-        conn.close()
-    return done / elapsed, errors, done
 
 
 # ---- the gateway and its database ------------------------------------------------------------
@@ -307,8 +124,10 @@ async def _create_key(database_url: str) -> str:
 
 
 @contextlib.contextmanager
-def process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(args, env=env, start_new_session=True)
+def process(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen(args, env=env, cwd=cwd, start_new_session=True)
     try:
         yield proc
     finally:
@@ -344,12 +163,13 @@ def main() -> int:
         "--portkey",
         default="/work/venvs/portkey/node_modules/@portkey-ai/gateway/build/start-server.js",
     )
-    parser.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of this repository whose gateway runs beside ours (before/after)",
+    )
     args = parser.parse_args()
-    if args.serve_upstream:
-        serve_upstream(args.serve_upstream)
-        return 0
-    _use_uvloop()
+    use_uvloop()
 
     admin_url = os.environ.get(
         "SLUICEGATE_DATABASE_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
@@ -387,7 +207,7 @@ def main() -> int:
             "SLUICEGATE_USAGE_STREAM": usage_stream,
             "SLUICEGATE_MASTER_KEY": "bench-master",
         }
-        upstream_cmd = [sys.executable, __file__, "--serve-upstream", str(upstream_port)]
+        upstream_cmd = [sys.executable, str(UPSTREAM_SCRIPT), str(upstream_port)]
         gateway_cmd = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1"]
         gateway_cmd += ["--port", str(gateway_port), "--log-level", "warning"]
         gateway_cmd += ["--workers", str(args.workers)]
@@ -406,25 +226,37 @@ def main() -> int:
                 raise RuntimeError("upstream exited")
             gateway_request = build_request(gateway_port, "/v1/chat/completions", api_key)
             gateways = {"sluicegate": (gateway_port, gateway_request, gateway.pid)}
+            if args.baseline:
+                gateways["baseline"], baseline_usage = start_baseline(args, admin_url, env, peers)
             if args.peers:
                 gateways |= start_peers(args, upstream_port, peers)
             results = asyncio.run(measure(args, upstream_port, gateways))
             result = results.pop("sluicegate")
             result["usage_records"] = asyncio.run(
-                _count_usage(database_url, redis_url, usage_stream, result["gateway_requests"])
+                _count_usage(database_url, result["gateway_requests"])
             )
+            if args.baseline:
+                baseline = results.pop("baseline")
+                result["baseline"] = {k: baseline[k] for k in PEER_FIELDS}
+                result["baseline"]["usage_records"] = baseline_usage(baseline["gateway_requests"])
+                result["vs_baseline"] = {
+                    "added_latency": round(
+                        result["median_added_ms"] / baseline["median_added_ms"], 2
+                    ),
+                    "rps": round(result["rps"] / baseline["rps"], 2),
+                }
             if args.peers:
                 result["peers"] = {
                     name: {k: peer[k] for k in PEER_FIELDS} for name, peer in results.items()
                 }
                 result |= gateway_peers.verdict(result, result["peers"].get("portkey"))
+        asyncio.run(_delete_streams(redis_url, usage_stream + "*"))
     print(json.dumps(result))
     return 0
 
 
-async def _count_usage(database_url: str, redis_url: str, stream: str, expected: int) -> int:
+async def _count_usage(database_url: str, expected: int) -> int:
     """Usage rows in PostgreSQL once the flusher caught up (up to 30 s): one per request."""
-    from redis.asyncio import Redis
     from sqlalchemy import text
 
     from gateway.db.session import create_engine
@@ -438,13 +270,48 @@ async def _count_usage(database_url: str, redis_url: str, stream: str, expected:
             break
         await asyncio.sleep(0.2)
     await engine.dispose()
-    redis = Redis.from_url(redis_url)
-    await redis.delete(stream)
-    await redis.aclose()
     return int(rows)
 
 
+async def _delete_streams(redis_url: str, pattern: str) -> None:
+    """The usage streams of the gateways this run started (once they have stopped)."""
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(redis_url)
+    streams = [name async for name in redis.scan_iter(match=pattern)]
+    if streams:
+        await redis.delete(*streams)
+    await redis.aclose()
+
+
 PEER_FIELDS = ("median_added_ms", "p99_added_ms", "rps", "errors", "gateway_cpu_ms_per_request")
+
+
+def start_baseline(
+    args: argparse.Namespace, admin_url: str, env: dict[str, str], stack: contextlib.ExitStack
+) -> tuple[tuple[int, bytes, int], Callable[[int], int]]:
+    """The gateway of the ``--baseline`` checkout, on a database and a usage stream of its own,
+    running until ``stack`` closes: ((port, the request to send it, its process id), a function
+    that counts its usage rows once the expected number landed)."""
+    database_url = stack.enter_context(scratch_database(admin_url, prefix="sg_bench"))
+    api_key = asyncio.run(_create_key(database_url))
+    stream = env["SLUICEGATE_USAGE_STREAM"] + ":baseline"
+    port = free_port()
+    baseline_env = env | {
+        "SLUICEGATE_DATABASE_URL": database_url,
+        "SLUICEGATE_USAGE_STREAM": stream,
+        "PYTHONPATH": str(args.baseline.resolve()),
+    }
+    command = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--log-level", "warning", "--workers", str(args.workers)]
+    proc = stack.enter_context(process(command, baseline_env, cwd=args.baseline))
+    wait_ready(f"http://127.0.0.1:{port}/health/live", proc)
+    request = build_request(port, "/v1/chat/completions", api_key)
+
+    def usage_records(expected: int) -> int:
+        return asyncio.run(_count_usage(database_url, expected))
+
+    return (port, request, proc.pid), usage_records
 
 
 def start_peers(

@@ -115,8 +115,8 @@ def main() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    overhead = Path(__file__).with_name("gateway_overhead.py")
-    upstream = subprocess.Popen([sys.executable, str(overhead), "--serve-upstream", str(port)])
+    script = Path(__file__).with_name("instant_upstream.py")
+    upstream = subprocess.Popen([sys.executable, str(script), str(port)])
     try:
         for _ in range(100):
             with contextlib.suppress(OSError):
