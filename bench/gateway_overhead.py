@@ -49,7 +49,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import gateway_peers
@@ -97,6 +97,12 @@ def cpu_seconds(pid: int) -> float:
 
 
 # ---- the gateway and its database ------------------------------------------------------------
+
+
+def gateway_command(port: int, workers: int) -> list[str]:
+    """``sluicegate gateway`` of whichever checkout the process starts in."""
+    return [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1", "--port",
+            str(port), "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
 
 
 async def _create_key(database_url: str) -> str:
@@ -208,12 +214,9 @@ def main() -> int:
             "SLUICEGATE_MASTER_KEY": "bench-master",
         }
         upstream_cmd = [sys.executable, str(UPSTREAM_SCRIPT), str(upstream_port)]
-        gateway_cmd = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1"]
-        gateway_cmd += ["--port", str(gateway_port), "--log-level", "warning"]
-        gateway_cmd += ["--workers", str(args.workers)]
         with (
             process(upstream_cmd) as upstream,
-            process(gateway_cmd, env) as gateway,
+            process(gateway_command(gateway_port, args.workers), env) as gateway,
             contextlib.ExitStack() as peers,
         ):
             wait_ready(f"http://127.0.0.1:{gateway_port}/health/live", gateway)
@@ -227,7 +230,7 @@ def main() -> int:
             gateway_request = build_request(gateway_port, "/v1/chat/completions", api_key)
             gateways = {"sluicegate": (gateway_port, gateway_request, gateway.pid)}
             if args.baseline:
-                gateways["baseline"], baseline_usage = start_baseline(args, admin_url, env, peers)
+                gateways["baseline"], baseline_db = start_baseline(args, admin_url, env, peers)
             if args.peers:
                 gateways |= start_peers(args, upstream_port, peers)
             results = asyncio.run(measure(args, upstream_port, gateways))
@@ -238,7 +241,9 @@ def main() -> int:
             if args.baseline:
                 baseline = results.pop("baseline")
                 result["baseline"] = {k: baseline[k] for k in PEER_FIELDS}
-                result["baseline"]["usage_records"] = baseline_usage(baseline["gateway_requests"])
+                result["baseline"]["usage_records"] = asyncio.run(
+                    _count_usage(baseline_db, baseline["gateway_requests"])
+                )
                 result["vs_baseline"] = {
                     "added_latency": round(
                         result["median_added_ms"] / baseline["median_added_ms"], 2
@@ -289,10 +294,10 @@ PEER_FIELDS = ("median_added_ms", "p99_added_ms", "rps", "errors", "gateway_cpu_
 
 def start_baseline(
     args: argparse.Namespace, admin_url: str, env: dict[str, str], stack: contextlib.ExitStack
-) -> tuple[tuple[int, bytes, int], Callable[[int], int]]:
+) -> tuple[tuple[int, bytes, int], str]:
     """The gateway of the ``--baseline`` checkout, on a database and a usage stream of its own,
-    running until ``stack`` closes: ((port, the request to send it, its process id), a function
-    that counts its usage rows once the expected number landed)."""
+    running until ``stack`` closes: ((port, the request to send it, its process id), its
+    database's URL)."""
     database_url = stack.enter_context(scratch_database(admin_url, prefix="sg_bench"))
     api_key = asyncio.run(_create_key(database_url))
     stream = env["SLUICEGATE_USAGE_STREAM"] + ":baseline"
@@ -302,16 +307,11 @@ def start_baseline(
         "SLUICEGATE_USAGE_STREAM": stream,
         "PYTHONPATH": str(args.baseline.resolve()),
     }
-    command = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--log-level", "warning", "--workers", str(args.workers)]
+    command = gateway_command(port, args.workers)
     proc = stack.enter_context(process(command, baseline_env, cwd=args.baseline))
     wait_ready(f"http://127.0.0.1:{port}/health/live", proc)
     request = build_request(port, "/v1/chat/completions", api_key)
-
-    def usage_records(expected: int) -> int:
-        return asyncio.run(_count_usage(database_url, expected))
-
-    return (port, request, proc.pid), usage_records
+    return (port, request, proc.pid), database_url
 
 
 def start_peers(

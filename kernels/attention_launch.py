@@ -13,6 +13,7 @@ import torch
 import triton
 
 from kernels.launch_configs import TileConfig, family_config, tile_config
+from kernels.paged_kv_checks import check_kv_caches, check_one_device
 
 # Split the key range only while each part keeps at least this many keys: shorter parts cost
 # more in partial writes and the reduce than they win in parallelism.
@@ -136,13 +137,7 @@ def check_paged_attention_args(
     TypeError naming what is off (a kernel would read out of bounds instead)."""
     if q.dim() != 3:
         raise ValueError(f"q must be [num_tokens, num_heads, head_dim], got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match, "
-            "[num_blocks, block_size, num_kv_heads, head_dim]"
-        )
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError("k_cache and v_cache must share a memory layout")
+    check_kv_caches(k_cache, v_cache)
     if q.shape[2] != k_cache.shape[3]:
         raise ValueError(f"q head_dim {q.shape[2]} != cache head_dim {k_cache.shape[3]}")
     if q.shape[1] % k_cache.shape[2]:
@@ -165,6 +160,4 @@ def check_paged_attention_args(
         raise ValueError("q, the caches and block_tables must be contiguous in the last dim")
     if not (seq_lens.is_contiguous() and cu_seqlens_q.is_contiguous()):
         raise ValueError("seq_lens and cu_seqlens_q must be contiguous")
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {devices}")
+    check_one_device(q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q)

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.paged_kv_checks import check_kv_caches, check_one_device
+
 __all__ = ["store_kv"]
 
 
@@ -104,13 +106,7 @@ def _check_store_kv(
 ) -> None:
     if key.dim() != 3 or key.shape != value.shape:
         raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must match, 3-D")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} must match, "
-            "[num_blocks, block_size, num_kv_heads, head_dim]"
-        )
-    if k_cache.stride() != v_cache.stride():
-        raise ValueError("k_cache and v_cache must share a memory layout")
+    check_kv_caches(k_cache, v_cache)
     if key.shape[1:] != k_cache.shape[2:]:
         raise ValueError(
             f"key heads/dim {tuple(key.shape[1:])} != cache {tuple(k_cache.shape[2:])}"
@@ -122,6 +118,4 @@ def _check_store_kv(
     for name, tensor in (("key", key), ("value", value), ("k_cache", k_cache)):
         if tensor.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in head_dim")
-    devices = {t.device for t in (key, value, k_cache, v_cache, slot_mapping)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {devices}")
+    check_one_device(key, value, k_cache, v_cache, slot_mapping)
