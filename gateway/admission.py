@@ -9,12 +9,15 @@ and books every limit of the key in one Redis call, which also stores that lease
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from litestar import Request
-from opentelemetry.trace import INVALID_SPAN
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Span
 from redis.exceptions import RedisError
 
 from engine.tracing import tracing_enabled
@@ -32,7 +35,7 @@ from gateway.errors import (
 from gateway.providers.base import ProviderError
 from gateway.routing import ModelRoute
 from gateway.services import Services
-from gateway.telemetry import child_context
+from gateway.telemetry import SPECULATIVE_DISPATCHES, child_context
 
 TEXT_COMPLETION_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for text completions."""
@@ -75,8 +78,14 @@ async def admit(
     operation: str,
     id_prefix: str,
     mode: str = "chat",
+    early: Callable[[ModelRoute, ChatRequest], Coroutine[Any, Any, Any]] | None = None,
 ) -> Call:
-    """Resolve, authorise and book ``body``; the returned call owns the reservation."""
+    """Resolve, authorise and book ``body``; the returned call owns the reservation.
+
+    ``early`` is how the call fetches its whole answer (the router's ``complete`` or
+    ``embed``): when the key's headroom allows, it starts while the admission is in Redis
+    (``gateway.speculation``) and the call takes its result, or it is cancelled if admission
+    refuses."""
     services: Services = request.app.state.services
     state = request.scope["state"]
     key: ApiKeyRecord = state["api_key"]
@@ -89,6 +98,9 @@ async def admit(
         start_admission_span(parent, state["auth_started_ns"]) if tracing else INVALID_SPAN
     )
     chat = body.messages is not None
+    span: Span = INVALID_SPAN
+    prefetch: asyncio.Task[Any] | None = None
+    generation_started = 0.0
     try:
         route = await services.router.resolve(body.model)
         if route is None:
@@ -111,6 +123,17 @@ async def admit(
                 services.settings.default_max_tokens if chat else TEXT_COMPLETION_MAX_TOKENS
             )
         prompt_estimate = prompt_token_estimate(body)
+        body.request_id = request_id
+        body.deadline = time.time() + services.settings.request_timeout_s
+
+        def dispatch_early() -> None:
+            nonlocal span, prefetch, generation_started
+            assert early is not None
+            if tracing:
+                span = _generation_span(services, parent, body, operation, route, max_tokens)
+            generation_started = time.perf_counter()
+            prefetch = asyncio.ensure_future(early(route, body))
+
         try:
             leases, draft = services.leases, None
             if leases is not None:
@@ -129,6 +152,7 @@ async def admit(
                 model=route.name,
                 prompt_tokens=prompt_estimate,
                 lease=draft,
+                dispatch_early=dispatch_early if early is not None else None,
             )
             if leases is not None and draft is not None:
                 await leases.opened(draft, admission)
@@ -138,27 +162,23 @@ async def admit(
             ) from exc
         if admission_span.is_recording():
             admission_span.set_attribute("sluicegate.key_id", key.id)
-    except OpenAIError as exc:
-        if admission_span.is_recording():
+    except BaseException as exc:
+        if isinstance(exc, OpenAIError) and admission_span.is_recording():
             admission_span.set_attribute("error.type", exc.code or exc.error_type)
+        if prefetch is not None:
+            _discard(prefetch)
+            SPECULATIVE_DISPATCHES.labels("refused").inc()
+            if span.is_recording():
+                span.set_attribute("error.type", "refused")
+            span.end()
         raise
     finally:
         admission_span.end()
 
-    span = (
-        start_generation_span(
-            parent,
-            body,
-            operation=operation,
-            model=route.name,
-            max_tokens=max_tokens,
-            capture_content=services.settings.otel_capture_content,
-        )
-        if tracing
-        else INVALID_SPAN
-    )
-    body.request_id = request_id
-    body.deadline = time.time() + services.settings.request_timeout_s
+    if prefetch is not None:
+        SPECULATIVE_DISPATCHES.labels("admitted").inc()
+    elif tracing:
+        span = _generation_span(services, parent, body, operation, route, max_tokens)
     return Call(
         services=services,
         key=key,
@@ -173,4 +193,30 @@ async def admit(
         prompt_param="input" if mode == "embeddings" else "messages" if chat else "prompt",
         started=state["started"],
         span=span,
+        prefetched=prefetch,
+        generation_started=generation_started,
     )
+
+
+def _generation_span(
+    services: Services,
+    parent: Context | None,
+    body: ChatRequest,
+    operation: str,
+    route: ModelRoute,
+    max_tokens: int,
+) -> Span:
+    return start_generation_span(
+        parent,
+        body,
+        operation=operation,
+        model=route.name,
+        max_tokens=max_tokens,
+        capture_content=services.settings.otel_capture_content,
+    )
+
+
+def _discard(prefetch: asyncio.Task[Any]) -> None:
+    """Cancel a speculative fetch whose request was not admitted; its outcome is dropped."""
+    prefetch.cancel()
+    prefetch.add_done_callback(lambda task: task.cancelled() or task.exception())

@@ -46,6 +46,7 @@ from gateway.redis_direct import Address, DirectConnection
 from gateway.routing import Router
 from gateway.services import Services, new_request_id, request_state
 from gateway.settings import Settings
+from gateway.speculation import HeadroomBook
 from gateway.telemetry import metrics_endpoint, serve_metrics, setup_tracing
 from gateway.ui import template_config, ui_router
 from gateway.usage import UsageFlusher, UsageRecorder
@@ -157,6 +158,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             spend=DatabaseSpend(sessionmaker),
             prices=prices,
             direct=direct,
+            headroom=HeadroomBook(enabled=settings.speculative_dispatch),
         )
         router = Router.from_settings(settings, redis)
         flusher = (

@@ -13,11 +13,12 @@ succeeded, failed or was cancelled by the client (then only delivered tokens are
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from litestar import Response
@@ -107,6 +108,9 @@ class Call:
     """The request field holding the prompt, named by a context-length error."""
     started: float
     span: Span
+    prefetched: asyncio.Task[Any] | None = None
+    """The whole answer's fetch, sent upstream while admission was in Redis
+    (``gateway.speculation``)."""
     generation_started: float = 0.0
     deployment: Deployment | None = None
     delivered_tokens: int = 0
@@ -162,7 +166,8 @@ class Call:
 
     async def _answer(self, fetch: Awaitable[tuple[Deployment, T]]) -> T:
         """Await a whole answer; any failure settles the call and becomes the client's error."""
-        self.generation_started = time.perf_counter()
+        if self.prefetched is None:
+            self.generation_started = time.perf_counter()
         try:
             self.deployment, answer = await fetch
         except ProviderError as exc:
@@ -191,7 +196,9 @@ class Call:
         return JSONBytes(content, headers=self.response_headers())
 
     async def complete(self, renderer: Renderer) -> Response[bytes]:
-        answer = await self._answer(self.services.router.complete(self.route, self.request))
+        answer = await self._answer(
+            self.prefetched or self.services.router.complete(self.route, self.request)
+        )
         self.delivered_tokens = answer.num_tokens
         self.finish_reason = answer.finish_reason() or "stop"
         # An upstream that reports no usage is billed by the same estimate as prompts (chars/3).
@@ -216,7 +223,9 @@ class Call:
 
     async def embed(self) -> Response[bytes]:
         """Embeddings: the upstream's object, ``model`` named as the client asked."""
-        raw, usage = await self._answer(self.services.router.embed(self.route, self.request))
+        raw, usage = await self._answer(
+            self.prefetched or self.services.router.embed(self.route, self.request)
+        )
         self.usage = usage or Usage(self.prompt_estimate, 0)
         return await self._respond(
             await self._render(lambda: encode({**raw, "model": self.public_model}))

@@ -19,6 +19,10 @@ ADMIT_LUA = """
 -- then, optionally, the reservation's held marker and the key's epoch (see SETTLE_LUA), with
 -- one more ARGV: the epoch to start when the key has none (Redis started empty); then,
 -- optionally, the replica's lease hash (gateway.leases), with one more ARGV: the lease.
+-- Returns code, failed scope, retry ms, missing counters, four header numbers per scope, the
+-- epoch, then the key's headroom after a booking (gateway.speculation): the largest share of
+-- any limit now used, in permille, and the tokens and micros left before the nearest token
+-- and money limit (-1: none).
 -- Every ARGV is read once and every global is a local: Lua looks globals up by name, and this
 -- script runs once per request, with the request waiting on it.
 local call, tonumber, floor, max = redis.call, tonumber, math.floor, math.max
@@ -61,7 +65,7 @@ for s = 0, scopes - 1 do
   local st = {
     rpm = tonumber(ARGV[a + 1]), tpm = tonumber(ARGV[a + 2]), parallel = tonumber(ARGV[a + 3]),
     budget = tonumber(ARGV[a + 4]), money = tonumber(ARGV[a + 5]), budget_ttl = ARGV[a + 6],
-    req_cur = 0, req_prev = 0, tok_cur = 0, tok_prev = 0, k = k,
+    req_cur = 0, req_prev = 0, tok_cur = 0, tok_prev = 0, slots = 0, k = k,
   }
   if st.budget >= 0 then
     st.spent = call('get', KEYS[k + 6])
@@ -94,7 +98,8 @@ for s = 0, scopes - 1 do
       code, retry = 2, wait_for(st.tok_cur, st.tok_prev, tokens, tpm)
     elseif parallel >= 0 then
       call('zremrangebyscore', KEYS[k + 5], '-inf', now)
-      if call('zcard', KEYS[k + 5]) >= parallel then code, retry = 3, 1 end
+      st.slots = call('zcard', KEYS[k + 5])
+      if st.slots >= parallel then code, retry = 3, 1 end
     end
     if code ~= 0 then failed = s end
   end
@@ -148,6 +153,35 @@ if code == 0 and #KEYS > extra_keys then
   end
 end
 out[#out + 1] = epoch
+if code == 0 then
+  local load, token_room, money_room = 0, -1, -1
+  local function share(used, limit)
+    if limit > 0 and used / limit > load then load = used / limit end
+  end
+  local function least(room, left)
+    if room < 0 or left < room then return max(0, left) end
+    return room
+  end
+  for s = 0, scopes - 1 do
+    local st = state[s]
+    if st.rpm >= 0 then share(st.req_used, st.rpm) end
+    if st.tpm >= 0 then
+      share(st.tok_used, st.tpm); token_room = least(token_room, st.tpm - st.tok_used)
+    end
+    if st.parallel >= 0 then share(st.slots + 1, st.parallel) end
+    if st.budget >= 0 then
+      local spent = tonumber(st.spent) + tokens
+      share(spent, st.budget); token_room = least(token_room, st.budget - spent)
+    end
+    if st.money >= 0 then
+      local spent = tonumber(st.spent_money) + cost
+      share(spent, st.money); money_room = least(money_room, st.money - spent)
+    end
+  end
+  out[#out + 1] = floor(math.min(load, 1) * 1000)
+  out[#out + 1] = floor(token_room)
+  out[#out + 1] = floor(money_room)
+end
 return out
 """
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ from gateway.limit_scripts import ADMIT_LUA, SEED_LUA, SETTLE_LUA, WINDOW_S
 from gateway.pricing import Price
 from gateway.redis_batch import CommandBatcher
 from gateway.redis_direct import DirectConnection
+from gateway.speculation import HeadroomBook
 from gateway.telemetry import REJECTIONS
 
 SLOT_TTL_MARGIN_S = 30.0
@@ -123,8 +125,11 @@ class RateLimiter:
         spend: SpendSource | None = None,
         prices: PriceSource | None = None,
         direct: DirectConnection | None = None,
+        headroom: HeadroomBook | None = None,
     ) -> None:
         self._redis = redis
+        self.headroom = headroom or HeadroomBook(enabled=False)
+        """Each key's headroom after its latest admission (``gateway.speculation``)."""
         self.batch = CommandBatcher(redis, direct)
         """The request path's admission and settle commands go through this."""
         self._slot_ttl_s = slot_ttl_s + SLOT_TTL_MARGIN_S
@@ -166,10 +171,14 @@ class RateLimiter:
         model: str | None = None,
         prompt_tokens: int | None = None,
         lease: LeaseDraft | None = None,
+        dispatch_early: Callable[[], None] | None = None,
     ) -> Admission:
         """Book one request of ``tokens`` (estimate; ``prompt_tokens`` of it the prompt) on the
         key and its team, or raise RateLimited / QuotaExceeded. With a ``lease``, the same
-        script stores it (``gateway.leases``) and the settle releases it."""
+        script stores it (``gateway.leases``) and the settle releases it. ``dispatch_early``
+        is called just before the script goes out when the key's headroom allows the request
+        to go upstream meanwhile (``gateway.speculation``); the caller undoes it if this
+        raises."""
         price = None
         if model is not None and self._prices is not None:
             price = await self._prices.price_at(model)
@@ -201,6 +210,15 @@ class RateLimiter:
                 keys.append(lease.hash_key)
                 settle_keys.append(lease.hash_key)
                 args.append(lease.encode(admission))
+            # Speculation spends CPU (a task) to overlap two waits: only worth it while this
+            # replica has CPU to spare, which it has not when other requests are in flight.
+            if (
+                dispatch_early is not None
+                and self.batch.quiet()
+                and self.headroom.allows(key.id, tokens, cost)
+            ):
+                dispatch_early()
+                dispatch_early = None
             result = await self._evalsha("_admit_sha", ADMIT_LUA, keys, args)
             if int(result[0]) != 5:
                 break
@@ -209,12 +227,14 @@ class RateLimiter:
             raise ServiceUnavailable("Budget counters could not be restored; try again shortly.")
         code, failed, retry_ms = int(result[0]), int(result[1]), int(result[2])
         headers = limit_headers(scopes, result[4:])
+        epoch_at = 4 + 4 * len(scopes)
         if code == 0:
             admission.headers = headers
-            if len(result) > 4 + 4 * len(scopes):
-                admission.epoch = _text(result[-1])
-                admission.new_epoch = admission.epoch == proposed_epoch
+            admission.epoch = _text(result[epoch_at])
+            admission.new_epoch = admission.epoch == proposed_epoch
+            self.headroom.record(key.id, result[epoch_at + 1 :])
             return admission
+        self.headroom.forget(key.id)
         REJECTIONS.labels(REJECTION_REASONS[code]).inc()
         kind, scope = scopes[failed]
         raise rejection(code, retry_ms, tokens, cost, kind, scope, headers)

@@ -35,6 +35,11 @@ class CommandBatcher:
         self._sending: set[asyncio.Task[None]] = set()
         self.round_trips = 0
 
+    def quiet(self) -> bool:
+        """Nothing queued and at most one exchange in flight (a sequential client's previous
+        settle): this replica is not under load."""
+        return self._in_flight <= 1 and not self._queued
+
     async def execute(self, *commands: Command) -> list[Any]:
         """The replies to ``commands`` (each a command and its arguments), in order."""
         # One exchange in flight and none queued is a sequential client's previous settle:

@@ -87,6 +87,9 @@ class Settings:
     """First retry's wait (doubling each time) when the upstream named no retry-after."""
     max_retry_after_s: float = 2.0
     """A longer retry-after moves on to the next deployment instead of waiting."""
+    speculative_dispatch: bool = True
+    """Send a request of a key far from its limits upstream while its admission is still in
+    Redis (``gateway.speculation``); false: always after."""
     worker_heartbeat_ttl_s: float = 5.0
     resume_timeout_s: float = 30.0
     """How long a stream whose engine worker died waits for another worker to take it over."""

@@ -70,6 +70,13 @@ REJECTIONS = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+SPECULATIVE_DISPATCHES = Counter(
+    "sluicegate_speculative_dispatches",
+    "Requests sent upstream while their admission was in Redis, by outcome (admitted | "
+    "refused: the upstream call was cancelled and its answer dropped).",
+    ["outcome"],
+    registry=REGISTRY,
+)
 UPSTREAM_ERRORS = Counter(
     "sluicegate_upstream_errors",
     "Failed calls to a deployment.",

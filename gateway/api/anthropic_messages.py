@@ -74,7 +74,8 @@ class MessagesController(Controller):
         signer = _signer(request)
         signer.unwrap(data.messages)
         body = canonical(data)
-        call = await admit(request, body, operation="chat", id_prefix="msg_")
+        early = None if body.stream else request.app.state.services.router.complete
+        call = await admit(request, body, operation="chat", id_prefix="msg_", early=early)
         renderer = MessagesRenderer(signer)
         response = await (stream(call, renderer) if body.stream else call.complete(renderer))
         return response

@@ -31,5 +31,12 @@ class EmbeddingsController(Controller):
         data, document = decode_body(await request.body(), EmbeddingRequest)
         data.check()
         body = data.canonical(document)
-        call = await admit(request, body, operation="embeddings", id_prefix="", mode="embeddings")
+        call = await admit(
+            request,
+            body,
+            operation="embeddings",
+            id_prefix="",
+            mode="embeddings",
+            early=request.app.state.services.router.embed,
+        )
         return await call.embed()

@@ -33,7 +33,8 @@ async def reply(
     id_prefix: str,
 ) -> Response[Any]:
     """Admit the parsed request and answer it: a stream of events or one JSON body."""
-    call = await admit(request, body, operation=operation, id_prefix=id_prefix)
+    early = None if body.stream else request.app.state.services.router.complete
+    call = await admit(request, body, operation=operation, id_prefix=id_prefix, early=early)
     if body.stream:
         return await stream(call, renderer)
     return await call.complete(renderer)

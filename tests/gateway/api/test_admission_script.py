@@ -181,7 +181,7 @@ async def _admit_held(redis: Redis, keys: list[str], request_id: str, epoch: str
     args = [61.0, 60.0, 60, 60, 0, request_id, 30, 1, -1, 1000, 2, 1000, -1, 3600, epoch]
     result = await redis.eval(ADMIT_LUA, len(keys), *keys, *args)
     assert result[0] == 0
-    return result[-1].decode()
+    return result[8].decode()  # after four header numbers: the epoch, then the headroom
 
 
 async def test_a_reservation_settled_twice_is_corrected_once(redis: Redis) -> None:
@@ -217,3 +217,23 @@ async def test_a_reservation_redis_lost_is_settled_in_full(redis: Redis) -> None
     await redis.eval(SETTLE_LUA, len(settle), *settle, 15 - 60, 0, "a", epoch, 60, 0)
     assert int(await redis.get(keys[5])) == 100 + 60 + 15  # seed + b's reservation + a's 15
     await redis.delete(*keys, f"{tag}:held:b")
+
+
+async def test_an_admission_reports_the_headroom_it_left(redis: Redis) -> None:
+    """After a booking: the largest share of any limit now used (permille), and the tokens
+    and micros left before the nearest token and money limit (gateway.speculation)."""
+    tag = f"sg:rl:{{{uuid.uuid4().hex}}}"
+    keys = [*_keys(tag), f"{tag}:held:a", f"{tag}:epoch"]
+    await redis.set(keys[5], 100)
+    await redis.set(keys[6], 0)
+    # 40 tokens of 1000/min and of a 500 budget (100 spent), 1 of 4 slots, 1 of 10 req/min,
+    # 30 of 300 micros.
+    args = [61.0, 60.0, 60, 40, 30, "a", 30, 1, 10, 1000, 4, 500, 300, 3600, "e"]
+    result = await redis.eval(ADMIT_LUA, len(keys), *keys, *args)
+    assert result[0] == 0
+    assert result[9:] == [280, 360, 270]  # the budget: 140 of 500 spent
+    unlimited = [61.0, 60.0, 60, 40, 0, "b", 30, 1, -1, -1, -1, -1, -1, 3600, "e"]
+    held_b = [*keys[:7], f"{tag}:held:b", keys[8]]
+    result = await redis.eval(ADMIT_LUA, len(held_b), *held_b, *unlimited)
+    assert result[9:] == [0, -1, -1]
+    await redis.delete(*keys, held_b[7])
