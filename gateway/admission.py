@@ -42,6 +42,8 @@ TEXT_COMPLETION_MAX_TOKENS = 16
 _TOKEN_OVERHEAD_PER_MESSAGE = 4
 """Chat templates wrap every message in a few special tokens."""
 _SERVES = {"chat": "chat or text completions", "embeddings": "embeddings"}
+_ADMITTED = SPECULATIVE_DISPATCHES.labels("admitted")
+_REFUSED = SPECULATIVE_DISPATCHES.labels("refused")
 
 
 def prompt_token_estimate(request: ChatRequest) -> int:
@@ -167,7 +169,7 @@ async def admit(
             admission_span.set_attribute("error.type", exc.code or exc.error_type)
         if prefetch is not None:
             _discard(prefetch)
-            SPECULATIVE_DISPATCHES.labels("refused").inc()
+            _REFUSED.inc()
             if span.is_recording():
                 span.set_attribute("error.type", "refused")
             span.end()
@@ -176,7 +178,7 @@ async def admit(
         admission_span.end()
 
     if prefetch is not None:
-        SPECULATIVE_DISPATCHES.labels("admitted").inc()
+        _ADMITTED.inc()
     elif tracing:
         span = _generation_span(services, parent, body, operation, route, max_tokens)
     return Call(

@@ -189,11 +189,14 @@ class Call:
     async def _respond(self, content: bytes) -> Response[bytes]:
         generated = self.first_token_at or time.perf_counter()
         self.status = "ok"
-        self.services.settle_soon(self.finish())
-        ADDED_LATENCY.observe(
-            (self.generation_started - self.started) + (time.perf_counter() - generated)
-        )
+        added = (self.generation_started - self.started) + (time.perf_counter() - generated)
+        self.services.settle_soon(self._answered(added))
         return JSONBytes(content, headers=self.response_headers())
+
+    async def _answered(self, added_latency: float) -> None:
+        """After a whole answer went out: its metric, then its settlement."""
+        ADDED_LATENCY.observe(added_latency)
+        await self.finish()
 
     async def complete(self, renderer: Renderer) -> Response[bytes]:
         answer = await self._answer(
