@@ -23,6 +23,7 @@ import yaml
 
 from gateway.app import create_app
 from gateway.db.scratch import scratch_database
+from gateway.http_protocol import CoalescingHttpToolsProtocol
 from gateway.settings import Settings
 from gateway.usage import EVENT_FIELD, UsageEvent
 
@@ -108,7 +109,8 @@ def api_settings(
 
 @pytest.fixture(scope="module")
 def gateway(api_settings: Settings) -> Iterator[str]:
-    server = ServerThread(create_app(api_settings)).start()
+    # Served as `sluicegate gateway` serves it: its response heads leave with their bodies.
+    server = ServerThread(create_app(api_settings), http=CoalescingHttpToolsProtocol).start()
     yield server.url
     server.stop()
     client = redis.Redis.from_url(api_settings.redis_url)

@@ -40,10 +40,10 @@ def dead_port() -> int:
 class ServerThread:
     """Serves an ASGI app with uvicorn on 127.0.0.1 from a background thread."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, http: Any = "auto") -> None:
         self.port = port or free_port()
         config = uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, lifespan="auto", log_level="warning"
+            app, host="127.0.0.1", port=self.port, lifespan="auto", log_level="warning", http=http
         )
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, daemon=True)
