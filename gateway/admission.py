@@ -127,16 +127,17 @@ async def admit(
         prompt_estimate = prompt_token_estimate(body)
         body.request_id = request_id
         body.deadline = time.time() + services.settings.request_timeout_s
-
-        def dispatch_early() -> None:
-            nonlocal span, prefetch, generation_started
-            assert early is not None
-            if tracing:
-                span = _generation_span(services, parent, body, operation, route, max_tokens)
-            generation_started = time.perf_counter()
-            prefetch = asyncio.ensure_future(early(route, body))
-
+        limiter = services.limiter
+        completion = max_tokens * body.sampling.n
+        tokens = prompt_estimate + completion
         try:
+            priced = await limiter.worst_case(route.name, prompt_estimate, completion)
+            if early is not None and limiter.may_dispatch_early(key.id, tokens, priced[1]):
+                if tracing:
+                    span = _generation_span(services, parent, body, operation, route, max_tokens)
+                generation_started = time.perf_counter()
+                # Its first step runs once the admission script is on its way to Redis.
+                prefetch = asyncio.ensure_future(early(route, body))
             leases, draft = services.leases, None
             if leases is not None:
                 # The admission script stores the lease (gateway.leases): no round trip of its own.
@@ -145,16 +146,16 @@ async def admit(
                     model=body.model,
                     prompt_estimate=prompt_estimate,
                     started_at=time.time() - (time.perf_counter() - state["started"]),
-                    max_completion=max_tokens * body.sampling.n,
+                    max_completion=completion,
                 )
-            admission = await services.limiter.admit(
+            admission = await limiter.admit(
                 key,
                 request_id,
-                prompt_estimate + max_tokens * body.sampling.n,
+                tokens,
                 model=route.name,
                 prompt_tokens=prompt_estimate,
                 lease=draft,
-                dispatch_early=dispatch_early if early is not None else None,
+                priced=priced,
             )
             if leases is not None and draft is not None:
                 await leases.opened(draft, admission)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -171,19 +170,14 @@ class RateLimiter:
         model: str | None = None,
         prompt_tokens: int | None = None,
         lease: LeaseDraft | None = None,
-        dispatch_early: Callable[[], None] | None = None,
+        priced: tuple[Price | None, int] | None = None,
     ) -> Admission:
         """Book one request of ``tokens`` (estimate; ``prompt_tokens`` of it the prompt) on the
         key and its team, or raise RateLimited / QuotaExceeded. With a ``lease``, the same
-        script stores it (``gateway.leases``) and the settle releases it. ``dispatch_early``
-        is called just before the script goes out when the key's headroom allows the request
-        to go upstream meanwhile (``gateway.speculation``); the caller undoes it if this
-        raises."""
-        price = None
-        if model is not None and self._prices is not None:
-            price = await self._prices.price_at(model)
+        script stores it (``gateway.leases``) and the settle releases it. ``priced``: what
+        ``worst_case`` answered for this request, if the caller asked already."""
         prompt = tokens if prompt_tokens is None else prompt_tokens
-        cost = price.worst_case_micros(prompt, tokens - prompt) if price is not None else 0
+        price, cost = priced or await self.worst_case(model, prompt, tokens - prompt)
         scopes = _scopes(key)
         team_id = key.team.id if key.team is not None else None
         for _ in range(SEED_ATTEMPTS):
@@ -210,15 +204,6 @@ class RateLimiter:
                 keys.append(lease.hash_key)
                 settle_keys.append(lease.hash_key)
                 args.append(lease.encode(admission))
-            # Speculation spends CPU (a task) to overlap two waits: only worth it while this
-            # replica has CPU to spare, which it has not when other requests are in flight.
-            if (
-                dispatch_early is not None
-                and self.batch.quiet()
-                and self.headroom.allows(key.id, tokens, cost)
-            ):
-                dispatch_early()
-                dispatch_early = None
             result = await self._evalsha("_admit_sha", ADMIT_LUA, keys, args)
             if int(result[0]) != 5:
                 break
@@ -238,6 +223,24 @@ class RateLimiter:
         REJECTIONS.labels(REJECTION_REASONS[code]).inc()
         kind, scope = scopes[failed]
         raise rejection(code, retry_ms, tokens, cost, kind, scope, headers)
+
+    async def worst_case(
+        self, model: str | None, prompt_tokens: int, completion_tokens: int
+    ) -> tuple[Price | None, int]:
+        """The model's price now and the request's worst-case cost in micros (0 unpriced)."""
+        if model is None or self._prices is None:
+            return None, 0
+        price = await self._prices.price_at(model)
+        if price is None:
+            return None, 0
+        return price, price.worst_case_micros(prompt_tokens, completion_tokens)
+
+    def may_dispatch_early(self, key_id: str, tokens: int, cost_micros: int) -> bool:
+        """Whether a request may go upstream before its admission returns
+        (``gateway.speculation``). Speculation spends CPU (a task) to overlap two waits: only
+        worth it while this replica has CPU to spare, which it has not when other requests
+        are in flight."""
+        return self.batch.quiet() and self.headroom.allows(key_id, tokens, cost_micros)
 
     def _admission_call(
         self, key: KeyLimits, request_id: str, tokens: int, cost: int, now: float
