@@ -44,7 +44,7 @@ class CommandBatcher:
         """The replies to ``commands`` (each a command and its arguments), in order."""
         # One exchange in flight and none queued is a sequential client's previous settle:
         # waiting a loop turn to join it would only delay this one (~100 µs an admission).
-        if self._in_flight > 1 or self._queued:
+        if not self.quiet():
             loop = asyncio.get_running_loop()
             future: asyncio.Future[list[Any]] = loop.create_future()
             self._queued.append((commands, future))

@@ -14,23 +14,16 @@ import pytest
 
 from gateway.http_protocol import CoalescingHttpToolsProtocol
 
-from .api.servers import ServerThread
+from .api.servers import ServerThread, read_body, serve_lifespan
 
 BODY = b'{"ok": true}'
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
-        while (message := await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await serve_lifespan(receive, send)
         return
-    received = b""
-    while True:
-        message = await receive()
-        received += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    received = await read_body(receive)
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})

@@ -119,17 +119,27 @@ def gateway(api_settings: Settings) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def make_key(gateway: str, api_settings: Settings) -> Callable[..., str]:
-    """Creates a key over the admin API; returns its plaintext."""
+def make_key_record(gateway: str, api_settings: Settings) -> Callable[..., dict[str, Any]]:
+    """Creates a key over the admin API; returns the admin API's answer (``key``, ``id``...)."""
 
-    def create(**limits: Any) -> str:
+    def create(**limits: Any) -> dict[str, Any]:
         response = httpx.post(
             f"{gateway}/admin/keys",
             json={"name": f"test-{uuid.uuid4().hex[:6]}", **limits},
             headers={"authorization": f"Bearer {api_settings.master_key}"},
         )
         assert response.status_code == 201, response.text
-        return str(response.json()["key"])
+        return dict(response.json())
+
+    return create
+
+
+@pytest.fixture(scope="module")
+def make_key(make_key_record: Callable[..., dict[str, Any]]) -> Callable[..., str]:
+    """Creates a key over the admin API; returns its plaintext."""
+
+    def create(**limits: Any) -> str:
+        return str(make_key_record(**limits)["key"])
 
     return create
 

@@ -4,7 +4,6 @@ upstream while admission is in Redis; limits, refusals and usage stay exactly as
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,18 +29,12 @@ def _dispatched(outcome: str) -> float:
 
 
 @pytest.fixture
-def new_key(gateway: str, api_settings: Settings) -> Callable[..., tuple[str, str]]:
+def new_key(make_key_record: Callable[..., dict[str, Any]]) -> Callable[..., tuple[str, str]]:
     """Creates a key over the admin API: (plaintext, id)."""
 
     def create(**limits: Any) -> tuple[str, str]:
-        response = httpx.post(
-            f"{gateway}/admin/keys",
-            json={"name": f"spec-{uuid.uuid4().hex[:6]}", **limits},
-            headers={"authorization": f"Bearer {api_settings.master_key}"},
-        )
-        assert response.status_code == 201, response.text
-        body = response.json()
-        return str(body["key"]), str(body["id"])
+        record = make_key_record(**limits)
+        return str(record["key"]), str(record["id"])
 
     return create
 

@@ -29,7 +29,7 @@ from gateway.providers.base import ProviderError
 from gateway.providers.openai import OpenAIProvider
 from gateway.settings import Settings
 
-from .servers import ServerThread, dead_port, free_port
+from .servers import ServerThread, dead_port, free_port, read_body, serve_lifespan
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789abcdef"
 ANSWER_DELAY_S = 1.5
@@ -41,16 +41,9 @@ class _Upstream:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await serve_lifespan(receive, send)
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await read_body(receive)
         headers = dict(scope["headers"])
         if json.loads(raw)["model"] == "sleepy":
             await asyncio.sleep(ANSWER_DELAY_S)

@@ -18,6 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..api.servers import read_body, serve_lifespan
+
 WORD_LIMIT = 5
 TOOL_ARGUMENTS = {"city": "Paris"}
 _FAULT = re.compile(r"\b(cut|garble)-(\d+)\b")
@@ -82,19 +84,9 @@ class FakeServer:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+            await serve_lifespan(receive, send)
+            return
+        raw = await read_body(receive)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         self.headers.append(headers)
         body = json.loads(raw) if raw else {}
