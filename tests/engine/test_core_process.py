@@ -137,10 +137,10 @@ def _core_pid(worker_pid: int) -> int:
 @contextlib.contextmanager
 def _worker_process(
     model_dir: Path, log_path: Path
-) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
-    """``python -m engine.worker --core-process`` on the real Redis, ready, serving a long
-    request that has streamed its first delta; yields the process and the id of the request
-    answered last."""
+) -> Iterator[tuple[subprocess.Popen[bytes], list[str], str]]:
+    """``python -m engine.worker --core-process`` on the real Redis, ready, serving long
+    requests, the first of which has streamed its first delta; yields the process, the ids of
+    the requests sent and the worker's heartbeat key."""
     model = f"test-core-{uuid.uuid4().hex[:10]}"
     rid = f"{model}-long"
     rids = [f"{rid}-{i}" for i in range(48)]
@@ -161,7 +161,7 @@ def _worker_process(
         # Forty-eight long requests, a KV cache that holds two whole at a time: the core is
         # still stepping seconds later, when the test has seen a heartbeat (one a second)
         # and kills it. Twelve were all over within that second on a fast machine (the core
-        # runs ahead of the deltas it sent). The last one is answered last. Their prompts
+        # runs ahead of the deltas it sent). Their prompts
         # differ: identical greedy requests would share their cached blocks.
         for index, request_id in enumerate(rids):
             request = protocol.Request(request_id, model, sampling, prompt_token_ids=[5, 6 + index])
@@ -169,11 +169,7 @@ def _worker_process(
                 protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
             )
         _read(client, rids[0], until=lambda m: isinstance(m, protocol.Delta))
-        yield (
-            worker,
-            rids[-1],
-            protocol.heartbeat_key(model, f"{socket.gethostname()}-{worker.pid}"),
-        )
+        yield worker, rids, protocol.heartbeat_key(model, f"{socket.gethostname()}-{worker.pid}")
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -184,7 +180,7 @@ def _worker_process(
 
 def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path: Path) -> None:
     log_path = tmp_path / "worker.log"
-    with _worker_process(llama_dir, log_path) as (worker, rid, heartbeat_key):
+    with _worker_process(llama_dir, log_path) as (worker, rids, heartbeat_key):
         client = redis.Redis.from_url(REDIS_URL)
         # The core's scheduler stats reach the heartbeat across the process boundary.
         deadline = time.monotonic() + 10
@@ -196,12 +192,18 @@ def test_the_worker_exits_non_zero_when_its_core_dies(llama_dir: Path, tmp_path:
             time.sleep(0.1)
         assert beat.num_running >= 1 and beat.kv_blocks_used > 0 and 0 < beat.kv_usage <= 1
         os.kill(_core_pid(worker.pid), signal.SIGKILL)
-        replies = _read(client, rid, until=lambda m: isinstance(m, protocol.Error))
-        client.close()
-        assert isinstance(replies[-1], protocol.Error), replies[-1]
-        assert replies[-1].code == "worker_lost"
-        assert "exit code -9" in replies[-1].message
         assert worker.wait(30) == 1, log_path.read_text()
+        # Each request the worker had taken and not finished was failed as lost. Those it had
+        # not pulled yet (it pulls only what the engine has room for; a loaded machine pulls
+        # later) have no replies: they wait in the stream for another worker.
+        replies = {rid: _replies(client, rid) for rid in rids}
+        client.close()
+        lost = {rid: messages[-1] for rid, messages in replies.items() if _unfinished(messages)}
+        assert lost, "no request was in flight when the core died"
+        for rid, last in lost.items():
+            assert isinstance(last, protocol.Error), (rid, last)
+            assert last.code == "worker_lost", (rid, last)
+            assert "exit code -9" in last.message, (rid, last)
 
 
 def test_a_core_never_outlives_its_worker(llama_dir: Path, tmp_path: Path) -> None:
@@ -224,17 +226,28 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _replies(client: redis.Redis, request_id: str) -> list[object]:
+    """Every reply of the request so far, in order (a batch's messages one by one)."""
+    messages: list[object] = []
+    for _, fields in client.xrange(protocol.reply_stream(request_id)):
+        message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+        messages.extend(message.messages if isinstance(message, protocol.Batch) else [message])
+    return messages
+
+
+def _unfinished(messages: list[object]) -> bool:
+    """Replies of a request that was taken and not answered in full (one choice each here)."""
+    return bool(messages) and not any(
+        isinstance(m, protocol.Delta) and m.finish_reason is not None for m in messages
+    )
+
+
 def _read(client: redis.Redis, request_id: str, until: Callable[[object], bool]) -> list[object]:
     """Every reply of the request so far, up to the first that ``until`` accepts (60 s)."""
     messages: list[object] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        entries = client.xrange(protocol.reply_stream(request_id))
-        messages = []
-        for _, fields in entries:
-            message = protocol.decode(fields[protocol.MESSAGE_FIELD])
-            batch = message.messages if isinstance(message, protocol.Batch) else [message]
-            messages.extend(batch)
+        messages = _replies(client, request_id)
         if any(until(m) for m in messages):
             return messages
         time.sleep(0.05)
