@@ -49,30 +49,22 @@ class Services:
     leases: LeaseBook | None = None
     settling: set[asyncio.Task[None]] = field(default_factory=set)
     """Settlements of answered calls still under way (``settle_soon``)."""
-    unstarted: list[Coroutine[Any, Any, None]] = field(default_factory=list)
-    """Settlements handed to ``settle_soon`` whose task is not made yet."""
 
     def settle_soon(self, settlement: Coroutine[Any, Any, None]) -> None:
         """Run a call's settlement beside its response instead of before it: the client has
-        its answer one Redis round trip sooner. Even its task is made on the event loop's next
-        turn, after the response went out. That turn comes before the loop reads a new request,
-        so the settle still goes to Redis ahead of any admission of a request this replica
-        reads afterwards: a sequential client's next request finds its slot free. Crash-safe
-        as before: until the settle lands, the call's lease is renewed."""
-        self.unstarted.append(settlement)
-        if len(self.unstarted) == 1:
-            asyncio.get_running_loop().call_soon(self._start_settlements)
-
-    def _start_settlements(self) -> None:
-        unstarted, self.unstarted = self.unstarted, []
-        for settlement in unstarted:
-            task = asyncio.ensure_future(settlement)
-            self.settling.add(task)
-            task.add_done_callback(self.settling.discard)
+        its answer one Redis round trip sooner. Its task is made now, before the response is
+        written, so its first step (which sends the settle) is queued ahead of any request the
+        loop reads afterwards: a sequential client's next request finds its slot free. Made
+        on the next loop turn instead, a loaded loop read the next request in the same turn
+        as the response left, and that request's admission reached Redis first (a 429 to a
+        client with one parallel request). Crash-safe as before: until the settle lands, the
+        call's lease is renewed."""
+        task = asyncio.ensure_future(settlement)
+        self.settling.add(task)
+        task.add_done_callback(self.settling.discard)
 
     async def drain_settlements(self) -> None:
         """Wait for every settlement under way (shutdown, before the lease book stops)."""
-        self._start_settlements()
         while self.settling:
             await asyncio.gather(*self.settling, return_exceptions=True)
 
