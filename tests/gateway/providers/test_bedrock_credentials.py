@@ -22,7 +22,7 @@ from gateway.providers.base import ProviderError
 from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.hosted import Sessions
 
-from ..api.servers import ServerThread
+from ..api.servers import ServerThread, serve_lifespan
 from . import fake_bedrock
 
 T = TypeVar("T")
@@ -51,9 +51,7 @@ class SlowMetadata:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await serve_lifespan(receive, send)
             return
         self.hits += 1
         await asyncio.sleep(SLOW_S)

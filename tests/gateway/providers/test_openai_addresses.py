@@ -16,7 +16,7 @@ from gateway.canonical import ChatRequest, text_message
 from gateway.providers.base import ProviderError
 from gateway.providers.openai import OpenAIProvider
 
-from ..api.servers import ServerThread, dead_port
+from ..api.servers import ServerThread, dead_port, read_body, serve_lifespan
 
 LEAKY = "model 'm' is served at http://10.1.2.3:8000/v1 (proxy 10.1.2.3:8000), key sk-abcdef123456"
 
@@ -24,12 +24,9 @@ LEAKY = "model 'm' is served at http://10.1.2.3:8000/v1 (proxy 10.1.2.3:8000), k
 async def _leaky_upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """An OpenAI-compatible upstream whose 400 names where it lives and echoes a key."""
     if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
+        await serve_lifespan(receive, send)
         return
-    while (await receive()).get("more_body"):
-        pass
+    await read_body(receive)
     body = json.dumps({"error": {"message": LEAKY, "type": "invalid_request_error"}}).encode()
     headers = [(b"content-type", b"application/json")]
     await send({"type": "http.response.start", "status": 400, "headers": headers})

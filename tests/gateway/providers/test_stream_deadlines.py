@@ -17,7 +17,7 @@ from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import ProviderError
 from gateway.providers.hosted import Sessions
 from gateway.providers.openai import OpenAIProvider
-from tests.gateway.api.servers import ServerThread
+from tests.gateway.api.servers import ServerThread, read_body, serve_lifespan
 
 from .fake_common import send_bytes, sse, start_stream
 
@@ -30,12 +30,9 @@ class Drip:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
+            await serve_lifespan(receive, send)
             return
-        while (await receive()).get("more_body"):
-            pass
+        await read_body(receive)
         await start_stream(send)
         anthropic = scope["path"].endswith("/messages")
         if anthropic:
