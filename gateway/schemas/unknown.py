@@ -13,6 +13,7 @@ SDKs echo the objects they were sent with their unset fields as ``null``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -23,60 +24,95 @@ def unknown_paths(document: dict[str, Any], schema: type[msgspec.Struct]) -> dic
     """``{path: value}`` for every non-null key of ``document`` that ``schema`` (a struct whose
     fields may be structs, lists and unions of them) has no field for, in document order."""
     found: dict[str, Any] = {}
-    _walk(document, _info(schema), "", found)
+    walk = _walker(schema)
+    if walk is not None:
+        walk(document, "", found)
     return found
 
 
+Walk = Callable[[Any, str, dict[str, Any]], None]
+"""Looks into one value under its path, adding what it finds to the ``found`` dict."""
+
+
 @functools.cache
-def _info(schema: type[msgspec.Struct]) -> mi.Type:
-    return mi.type_info(schema)
+def _walker(schema: type[msgspec.Struct]) -> Walk | None:
+    return _compile(mi.type_info(schema), {})
 
 
-_FIELDS: dict[type, dict[str, mi.Type]] = {}
-
-
-def _fields(struct: mi.StructType) -> dict[str, mi.Type]:
-    fields = _FIELDS.get(struct.cls)
-    if fields is None:
-        fields = _FIELDS[struct.cls] = {f.encode_name: f.type for f in struct.fields}
-    return fields
-
-
-def _walk(value: Any, kind: mi.Type, path: str, found: dict[str, Any]) -> None:
+def _compile(kind: mi.Type, structs: dict[type, Walk]) -> Walk | None:
+    """A walker for values of ``kind``; None where there is nothing to look into (a scalar, a
+    free-form object). Built once per schema: a request's walk then visits only the values
+    that can hold an unknown key, with no type inspection on the way."""
     while isinstance(kind, mi.Metadata):
         kind = kind.type
+    if isinstance(kind, mi.StructType):
+        return structs.get(kind.cls) or _struct_walker(kind, structs)
+    if isinstance(kind, mi.ListType):
+        return _list_walker(_compile(kind.item_type, structs))
     if isinstance(kind, mi.UnionType):
-        member = _member(value, kind)
-        if member is None:
-            return
-        kind = member
-    if isinstance(kind, mi.StructType) and isinstance(value, dict):
-        fields = _fields(kind)
-        for key, item in value.items():
-            if key == kind.tag_field:
-                continue
-            at = f"{path}.{key}" if path else key
-            field = fields.get(key)
-            if field is None:
-                if item is not None:
-                    found[at] = item
-            elif item is not None:
-                _walk(item, field, at, found)
-    elif isinstance(kind, mi.ListType) and isinstance(value, list):
-        for i, item in enumerate(value):
-            _walk(item, kind.item_type, f"{path}[{i}]", found)
-
-
-def _member(value: Any, union: mi.UnionType) -> mi.Type | None:
-    """The member of ``union`` that decoded ``value`` (by tag among tagged structs)."""
-    if isinstance(value, dict):
-        for member in union.types:
-            if isinstance(member, mi.StructType) and (
-                member.tag_field is None or value.get(member.tag_field) == member.tag
-            ):
-                return member
-    elif isinstance(value, list):
-        for member in union.types:
-            if isinstance(member, mi.ListType):
-                return member
+        return _union_walker(kind, structs)
     return None
+
+
+def _struct_walker(struct: mi.StructType, structs: dict[type, Walk]) -> Walk:
+    fields: dict[str, Walk | None] = {}
+    tag_field = struct.tag_field
+
+    def walk(value: Any, path: str, found: dict[str, Any]) -> None:
+        if not isinstance(value, dict):
+            return
+        for key, item in value.items():
+            if item is None or key == tag_field:
+                continue
+            if key in fields:
+                inner = fields[key]
+                if inner is not None:
+                    inner(item, f"{path}.{key}" if path else key, found)
+            else:
+                found[f"{path}.{key}" if path else key] = item
+
+    # Registered before its fields compile: a struct may (indirectly) hold itself.
+    structs[struct.cls] = walk
+    for field in struct.fields:
+        fields[field.encode_name] = _compile(field.type, structs)
+    return walk
+
+
+def _list_walker(item: Walk | None) -> Walk | None:
+    if item is None:
+        return None
+
+    def walk(value: Any, path: str, found: dict[str, Any]) -> None:
+        if isinstance(value, list):
+            for i, element in enumerate(value):
+                if element is not None:
+                    item(element, f"{path}[{i}]", found)
+
+    return walk
+
+
+def _union_walker(union: mi.UnionType, structs: dict[type, Walk]) -> Walk | None:
+    """An object goes to the first struct member its tag names (or the first untagged one),
+    a list to the first list member: the member that decoded it."""
+    tagged: list[tuple[str | None, Any, Walk]] = []
+    list_walk: Walk | None = None
+    has_list = False
+    for member in union.types:
+        if isinstance(member, mi.StructType):
+            tagged.append((member.tag_field, member.tag, _compile(member, structs)))  # type: ignore[arg-type]
+        elif isinstance(member, mi.ListType) and not has_list:
+            has_list = True
+            list_walk = _compile(member, structs)
+    if not tagged and list_walk is None:
+        return None
+
+    def walk(value: Any, path: str, found: dict[str, Any]) -> None:
+        if isinstance(value, dict):
+            for tag_field, tag, inner in tagged:
+                if tag_field is None or value.get(tag_field) == tag:
+                    inner(value, path, found)
+                    return
+        elif isinstance(value, list) and list_walk is not None:
+            list_walk(value, path, found)
+
+    return walk
