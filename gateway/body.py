@@ -16,6 +16,9 @@ from typing import Any
 
 import msgspec
 from litestar import Request
+from litestar.exceptions import InternalServerException
+from litestar.types import Empty
+from litestar.utils.scope.state import ScopeState
 
 from gateway.errors import InvalidRequest, PayloadTooLarge
 from gateway.settings import Settings
@@ -115,6 +118,40 @@ def _refuse_nul(request: Request[Any, Any, Any], body: bytes) -> None:
         )
 
 
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body exceeds the {limit}-byte limit.")
+
+
+async def read_body(request: Request[Any, Any, Any], limit: int) -> bytes:
+    """The whole body, read from the ASGI channel and kept where ``request.body()`` finds it.
+
+    Litestar's own reading builds a header map for the length and runs an async generator:
+    ~7 µs of every request, on a path where the gateway adds ~500 µs in all."""
+    state = ScopeState.from_scope(request.scope)
+    if state.body is not Empty:
+        return state.body  # type: ignore[no-any-return]
+    for name, value in request.scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > limit:
+            raise _too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    receive = request.receive
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise InternalServerException("client disconnected prematurely")
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = state.body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return body
+
+
 async def check_body(request: Request[Any, Any, Any]) -> None:
     """``before_request`` hook: enforce the size and nesting limits on a body that has one,
     and keep NUL characters out of what the admin API stores."""
@@ -126,9 +163,7 @@ async def check_body(request: Request[Any, Any, Any]) -> None:
             _refuse_nul(request, b"")
         return
     settings: Settings = request.app.state.settings
-    body = await request.body()
-    if len(body) > settings.max_body_bytes:
-        raise PayloadTooLarge(f"The request body exceeds the {settings.max_body_bytes}-byte limit.")
+    body = await read_body(request, settings.max_body_bytes)
     if settings.max_json_depth and json_depth_exceeds(body, settings.max_json_depth):
         field = deep_field(body, settings.max_json_depth)
         where = f"'{field}'" if field is not None else "The JSON body"
