@@ -20,7 +20,6 @@ from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span
 from redis.exceptions import RedisError
 
-from engine.tracing import tracing_enabled
 from gateway.auth import ApiKeyRecord
 from gateway.call import Call
 from gateway.call_spans import start_admission_span, start_generation_span
@@ -94,8 +93,11 @@ async def admit(
     request_id = state["request_id"]
     # One span for auth + admission, begun when the guard began authenticating. Without
     # tracing no span is made at all (even a no-op one costs a context and a propagation).
-    tracing = tracing_enabled()
-    parent = child_context(state.get("server_span"))
+    # The guard made the server span when, and only when, tracing is on: asking again would
+    # cost another look at the environment.
+    server_span = state.get("server_span")
+    tracing = server_span is not None
+    parent = child_context(server_span)
     admission_span = (
         start_admission_span(parent, state["auth_started_ns"]) if tracing else INVALID_SPAN
     )

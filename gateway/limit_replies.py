@@ -26,12 +26,14 @@ REJECTION_REASONS = {
 
 
 def format_reset(ms: int) -> str:
-    """OpenAI's duration style: ``250ms``, ``7.5s``, ``1m12s``."""
+    """OpenAI's duration style: ``250ms``, ``7.5s``, ``1m12s`` (in integers: every answer
+    carries two of these)."""
     if ms < 1000:
         return f"{ms}ms"
-    minutes, rest = divmod(ms / 1000, 60)
-    seconds = f"{round(rest, 3):g}s"
-    return f"{int(minutes)}m{seconds}" if minutes else seconds
+    minutes, rest = divmod(ms, 60_000)
+    whole, thousandths = divmod(rest, 1000)
+    seconds = f"{whole}.{thousandths:03d}".rstrip("0") + "s" if thousandths else f"{whole}s"
+    return f"{minutes}m{seconds}" if minutes else seconds
 
 
 def limit_headers(scopes: list[tuple[str, ScopeLimits]], values: list[Any]) -> dict[str, str]:

@@ -115,6 +115,82 @@ def _scopes(key: KeyLimits) -> list[tuple[str, ScopeLimits]]:
     return [("key", key)] + ([("team", key.team)] if key.team is not None else [])
 
 
+MAX_BOOKINGS = 100_000
+"""Keys whose admission call is kept at most; past that the cache starts afresh."""
+
+
+@dataclass(slots=True)
+class _Booking:
+    """The parts of a key's ADMIT_LUA call that hold for one window (``WINDOW_S``): every
+    counter's name (the window's and the budget period's), the limits, and what settling
+    needs of them. Built per request, they cost a tenth of the admission's own CPU."""
+
+    record: KeyLimits
+    window: int
+    scopes: list[tuple[str, ScopeLimits]]
+    keys: list[str]
+    limits: list[Any]
+    settle_keys: list[str]
+    held_prefix: str
+    epoch_key: str
+    team_id: str | None
+    booked: str
+
+    @classmethod
+    def of(cls, key: KeyLimits, window: int, now: float) -> _Booking:
+        scopes = _scopes(key)
+        team_id = key.team.id if key.team is not None else None
+        keys: list[str] = []
+        limits: list[Any] = [len(scopes)]
+        settle_keys: list[str] = []
+        for kind, scope in scopes:
+            tag = scope_tag(kind, scope.id, team_id)
+            tokens_key, money_key, budget_ttl = budget_keys(kind, scope, team_id, now)
+            slots = f"{tag}:slots"
+            tokens_now = f"{tag}:t:{window}"
+            keys += [
+                f"{tag}:r:{window}",
+                f"{tag}:r:{window - 1}",
+                tokens_now,
+                f"{tag}:t:{window - 1}",
+                slots,
+                tokens_key,
+                money_key,
+            ]
+            limits += [
+                _limit(scope.rpm_limit),
+                _limit(scope.tpm_limit),
+                _limit(scope.max_parallel_requests),
+                _limit(scope.token_budget),
+                _limit(scope.max_budget_micros),
+                budget_ttl,
+            ]
+            settle_keys += [tokens_now, tokens_key, money_key, slots]
+        tag = scope_tag("key", key.id, team_id)
+        return cls(
+            key,
+            window,
+            scopes,
+            keys,
+            limits,
+            settle_keys,
+            f"{tag}:held:",
+            f"{tag}:epoch",
+            team_id,
+            _booked(scopes),
+        )
+
+    def call(
+        self, request_id: str, tokens: int, cost: int, now: float, slot_ttl: str
+    ) -> tuple[list[str], list[Any]]:
+        """ADMIT_LUA's keys and args for one request (``now`` within this booking's window)."""
+        window_start = self.window * WINDOW_S
+        args = [repr(now), window_start, WINDOW_S, tokens, cost, request_id, slot_ttl]
+        args += self.limits
+        args.append(os.urandom(6).hex())
+        return [*self.keys, self.held_prefix + request_id, self.epoch_key], args
+
+
 class RateLimiter:
     def __init__(
         self,
@@ -132,6 +208,8 @@ class RateLimiter:
         self.batch = CommandBatcher(redis, direct)
         """The request path's admission and settle commands go through this."""
         self._slot_ttl_s = slot_ttl_s + SLOT_TTL_MARGIN_S
+        self._slot_ttl_arg = repr(self._slot_ttl_s)
+        self._bookings: dict[str, _Booking] = {}
         self._spend = spend
         self._prices = prices
         self._admit_sha = ""
@@ -178,31 +256,25 @@ class RateLimiter:
         ``worst_case`` answered for this request, if the caller asked already."""
         prompt = tokens if prompt_tokens is None else prompt_tokens
         price, cost = priced or await self.worst_case(model, prompt, tokens - prompt)
-        scopes = _scopes(key)
-        team_id = key.team.id if key.team is not None else None
         for _ in range(SEED_ATTEMPTS):
             now = time.time()
-            keys, args = self._admission_call(key, request_id, tokens, cost, now)
+            booking = self._booking(key, now)
+            keys, args = booking.call(request_id, tokens, cost, now, self._slot_ttl_arg)
             proposed_epoch = args[-1]
-            settle_keys = []
-            for index in range(len(scopes)):
-                base = 7 * index
-                settle_keys += [keys[base + 2], keys[base + 5], keys[base + 6], keys[base + 4]]
-            settle_keys += keys[-2:]
             admission = Admission(
                 key.id,
                 request_id,
                 tokens,
-                settle_keys,
+                [*booking.settle_keys, keys[-2], keys[-1]],
                 {},
                 price=price,
                 reserved_micros=cost,
-                team_id=team_id,
-                booked=_booked(scopes),
+                team_id=booking.team_id,
+                booked=booking.booked,
             )
             if lease is not None:
                 keys.append(lease.hash_key)
-                settle_keys.append(lease.hash_key)
+                admission.settle_keys.append(lease.hash_key)
                 args.append(lease.encode(admission))
             result = await self._evalsha("_admit_sha", ADMIT_LUA, keys, args)
             if int(result[0]) != 5:
@@ -210,6 +282,7 @@ class RateLimiter:
             await self._seed(key, keys, [int(i) for i in result[3]], now)
         else:
             raise ServiceUnavailable("Budget counters could not be restored; try again shortly.")
+        scopes = booking.scopes
         code, failed, retry_ms = int(result[0]), int(result[1]), int(result[2])
         headers = limit_headers(scopes, result[4:])
         epoch_at = 4 + 4 * len(scopes)
@@ -245,43 +318,20 @@ class RateLimiter:
     def _admission_call(
         self, key: KeyLimits, request_id: str, tokens: int, cost: int, now: float
     ) -> tuple[list[str], list[Any]]:
+        """ADMIT_LUA's keys and args for one request of ``key``."""
+        return self._booking(key, now).call(request_id, tokens, cost, now, self._slot_ttl_arg)
+
+    def _booking(self, key: KeyLimits, now: float) -> _Booking:
+        """What a key's admissions share within a window; made once per key and window (the
+        key's record, from the key cache, is the same object until its limits change; budget
+        periods start on a window's start)."""
         window = int(now // WINDOW_S)
-        keys: list[str] = []
-        args: list[Any] = [
-            repr(now),
-            window * WINDOW_S,
-            WINDOW_S,
-            tokens,
-            cost,
-            request_id,
-            repr(self._slot_ttl_s),
-        ]
-        scopes = _scopes(key)
-        args.append(len(scopes))
-        team_id = key.team.id if key.team is not None else None
-        for kind, scope in scopes:
-            tag = scope_tag(kind, scope.id, team_id)
-            tokens_key, money_key, budget_ttl = budget_keys(kind, scope, team_id, now)
-            keys += [
-                f"{tag}:r:{window}",
-                f"{tag}:r:{window - 1}",
-                f"{tag}:t:{window}",
-                f"{tag}:t:{window - 1}",
-                f"{tag}:slots",
-                tokens_key,
-                money_key,
-            ]
-            args += [
-                _limit(scope.rpm_limit),
-                _limit(scope.tpm_limit),
-                _limit(scope.max_parallel_requests),
-                _limit(scope.token_budget),
-                _limit(scope.max_budget_micros),
-                budget_ttl,
-            ]
-        tag = scope_tag("key", key.id, team_id)
-        args.append(os.urandom(6).hex())
-        return [*keys, f"{tag}:held:{request_id}", f"{tag}:epoch"], args
+        booking = self._bookings.get(key.id)
+        if booking is None or booking.record is not key or booking.window != window:
+            if len(self._bookings) >= MAX_BOOKINGS:
+                self._bookings.clear()
+            booking = self._bookings[key.id] = _Booking.of(key, window, now)
+        return booking
 
     async def _seed(self, key: KeyLimits, keys: list[str], missing: list[int], now: float) -> None:
         """Restores missing budget counters from the period's committed usage in PostgreSQL."""
