@@ -25,7 +25,7 @@ ADMIT_LUA = """
 -- and money limit (-1: none).
 -- Every ARGV is read once and every global is a local: Lua looks globals up by name, and this
 -- script runs once per request, with the request waiting on it.
-local call, tonumber, floor, max = redis.call, tonumber, math.floor, math.max
+local call, tonumber, floor, max, unpack = redis.call, tonumber, math.floor, math.max, unpack
 local now = tonumber(ARGV[1])
 local elapsed = now - tonumber(ARGV[2])
 local win = tonumber(ARGV[3])
@@ -55,11 +55,11 @@ local function drain(cur, prev)
   return 0
 end
 
-local function count(name) return tonumber(call('get', name) or '0') end
-
+-- One MGET reads every counter admission compares, per scope: the budget counters, then the
+-- request and token windows, each only where its limit is set (a call costs more than a key).
 -- A budget counter that is missing (new period, Redis restart, eviction) is seeded by the
 -- caller from the database first: answer which, and book nothing.
-local state, missing = {}, {}
+local state, names = {}, {}
 for s = 0, scopes - 1 do
   local a, k = 8 + 6 * s, 7 * s
   local st = {
@@ -67,15 +67,29 @@ for s = 0, scopes - 1 do
     budget = tonumber(ARGV[a + 4]), money = tonumber(ARGV[a + 5]), budget_ttl = ARGV[a + 6],
     req_cur = 0, req_prev = 0, tok_cur = 0, tok_prev = 0, slots = 0, k = k,
   }
-  if st.budget >= 0 then
-    st.spent = call('get', KEYS[k + 6])
-    if not st.spent then table.insert(missing, k + 6) end
+  if st.budget >= 0 then names[#names + 1] = KEYS[k + 6]; st.at_budget = #names end
+  if st.money >= 0 then names[#names + 1] = KEYS[k + 7]; st.at_money = #names end
+  if st.rpm >= 0 then
+    names[#names + 1] = KEYS[k + 1]; names[#names + 1] = KEYS[k + 2]; st.at_req = #names - 1
   end
-  if st.money >= 0 then
-    st.spent_money = call('get', KEYS[k + 7])
-    if not st.spent_money then table.insert(missing, k + 7) end
+  if st.tpm >= 0 then
+    names[#names + 1] = KEYS[k + 3]; names[#names + 1] = KEYS[k + 4]; st.at_tok = #names - 1
   end
   state[s] = st
+end
+local values = {}
+if #names > 0 then values = call('mget', unpack(names)) end
+local missing = {}
+for s = 0, scopes - 1 do
+  local st = state[s]
+  if st.at_budget then
+    st.spent = values[st.at_budget]
+    if not st.spent then missing[#missing + 1] = st.k + 6 end
+  end
+  if st.at_money then
+    st.spent_money = values[st.at_money]
+    if not st.spent_money then missing[#missing + 1] = st.k + 7 end
+  end
 end
 if #missing > 0 then return {5, -1, 0, missing} end
 
@@ -83,8 +97,14 @@ local code, failed, retry = 0, -1, 0
 for s = 0, scopes - 1 do
   local st = state[s]
   local k, rpm, tpm, parallel = st.k, st.rpm, st.tpm, st.parallel
-  if rpm >= 0 then st.req_cur = count(KEYS[k + 1]); st.req_prev = count(KEYS[k + 2]) end
-  if tpm >= 0 then st.tok_cur = count(KEYS[k + 3]); st.tok_prev = count(KEYS[k + 4]) end
+  if st.at_req then
+    st.req_cur = tonumber(values[st.at_req] or '0')
+    st.req_prev = tonumber(values[st.at_req + 1] or '0')
+  end
+  if st.at_tok then
+    st.tok_cur = tonumber(values[st.at_tok] or '0')
+    st.tok_prev = tonumber(values[st.at_tok + 1] or '0')
+  end
   st.req_used = st.req_prev * weight + st.req_cur
   st.tok_used = st.tok_prev * weight + st.tok_cur
   if code == 0 then
