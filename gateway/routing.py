@@ -157,18 +157,22 @@ class Router:
         given) and hold its prompt, not cooling down, available, least loaded (or in listed
         order, spilling over, for a spill-over model)."""
         now = time.monotonic()
-        estimate = prompt_estimate(request) if request is not None else 0
-        ready = [
-            d
-            for d in route.deployments
-            if d.mode == mode
-            and not d.cooling(now)
-            and not (d.context_window and estimate > d.context_window)
-            and (request is None or d.provider.unsupported(request) is None)
-        ]
+        estimate: int | None = None
+        ready = []
+        for d in route.deployments:
+            if d.mode != mode or d.cooling(now):
+                continue
+            if d.context_window:
+                if estimate is None:
+                    estimate = prompt_estimate(request) if request is not None else 0
+                if estimate > d.context_window:
+                    continue
+            if request is None or d.provider.unsupported(request) is None:
+                ready.append(d)
         if route.spill_over_ms is None:
-            random.shuffle(ready)
-            ready.sort(key=lambda d: (d.outstanding + 1) / d.weight)
+            if len(ready) > 1:
+                random.shuffle(ready)
+                ready.sort(key=lambda d: (d.outstanding + 1) / d.weight)
         else:
             ready = await self._spill_order(ready, route.spill_over_ms)
         return [d for d in ready if await d.provider.is_available()]
@@ -183,9 +187,8 @@ class Router:
         return short + long
 
     def _too_long(self, route: ModelRoute, request: ChatRequest) -> bool:
-        estimate = prompt_estimate(request)
         windows = [d.context_window for d in route.deployments]
-        return bool(windows) and all(windows) and estimate > max(windows)
+        return bool(windows) and all(windows) and prompt_estimate(request) > max(windows)
 
     def _chain(self, route: ModelRoute, request: ChatRequest) -> list[ModelRoute]:
         """The models to try in order: this one (unless the prompt is too long for all of
