@@ -21,6 +21,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 from redis.exceptions import RedisError
 
 from gateway.auth import ApiKeyRecord
+from gateway.busy_poll import poll_while
 from gateway.call import Call
 from gateway.call_spans import start_admission_span, start_generation_span
 from gateway.canonical import ChatRequest
@@ -140,6 +141,7 @@ async def admit(
                 generation_started = time.perf_counter()
                 # Its first step runs once the admission script is on its way to Redis.
                 prefetch = asyncio.ensure_future(early(route, body))
+                poll_while(prefetch, services.settings.busy_poll_us / 1e6)
             leases, draft = services.leases, None
             if leases is not None:
                 # The admission script stores the lease (gateway.leases): no round trip of its own.

@@ -90,6 +90,9 @@ class Settings:
     speculative_dispatch: bool = True
     """Send a request of a key far from its limits upstream while its admission is still in
     Redis (``gateway.speculation``); false: always after."""
+    busy_poll_us: int = 300
+    """While a speculative request waits for its replies on an otherwise idle replica, poll for
+    them this long instead of sleeping (``gateway.busy_poll``); 0: never."""
     worker_heartbeat_ttl_s: float = 5.0
     resume_timeout_s: float = 30.0
     """How long a stream whose engine worker died waits for another worker to take it over."""
