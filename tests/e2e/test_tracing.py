@@ -132,7 +132,7 @@ def traced(
     tools: SimpleNamespace,
     span_exporter: InMemorySpanExporter,
 ) -> Iterator[SimpleNamespace]:
-    from gateway.app import create_app
+    from gateway.app import create_asgi_app
     from gateway.settings import Settings
 
     model = tools.model_name("e2e-trace")
@@ -152,7 +152,7 @@ def traced(
             run_usage_flusher=False,
             worker_heartbeat_ttl_s=3.0,
         )
-        with ServerThread(create_app(settings)) as server:
+        with ServerThread(create_asgi_app(settings)) as server:
             base_url = f"http://127.0.0.1:{server.port}"
             response = httpx.post(
                 f"{base_url}/admin/keys",

@@ -21,7 +21,7 @@ import pytest
 import redis
 import yaml
 
-from gateway.app import create_app
+from gateway.app import create_asgi_app
 from gateway.db.scratch import scratch_database
 from gateway.http_protocol import CoalescingHttpToolsProtocol
 from gateway.settings import Settings
@@ -110,7 +110,7 @@ def api_settings(
 @pytest.fixture(scope="module")
 def gateway(api_settings: Settings) -> Iterator[str]:
     # Served as `sluicegate gateway` serves it: its response heads leave with their bodies.
-    server = ServerThread(create_app(api_settings), http=CoalescingHttpToolsProtocol).start()
+    server = ServerThread(create_asgi_app(api_settings), http=CoalescingHttpToolsProtocol).start()
     yield server.url
     server.stop()
     client = redis.Redis.from_url(api_settings.redis_url)

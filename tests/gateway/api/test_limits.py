@@ -12,7 +12,7 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from gateway.app import create_app
+from gateway.app import create_asgi_app
 from gateway.limit_keys import budget_period_id
 from gateway.settings import Settings
 
@@ -25,7 +25,7 @@ HI = [{"role": "user", "content": "hi"}]
 @pytest.fixture(scope="module")
 def second_gateway(api_settings: Settings) -> Iterator[str]:
     """Another replica: own process state, same Redis and database."""
-    server = ServerThread(create_app(api_settings)).start()
+    server = ServerThread(create_asgi_app(api_settings)).start()
     yield server.url
     server.stop()
 
@@ -146,7 +146,7 @@ def test_redis_down_is_a_prompt_503(api_settings: Settings, make_key: Callable[.
     settings = dataclasses.replace(
         api_settings, redis_url=f"redis://127.0.0.1:{dead_port()}/0", run_usage_flusher=False
     )
-    server = ServerThread(create_app(settings)).start()
+    server = ServerThread(create_asgi_app(settings)).start()
     try:
         started = time.perf_counter()
         response = httpx.post(

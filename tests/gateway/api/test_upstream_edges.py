@@ -23,7 +23,7 @@ import pytest
 import uvicorn
 import yaml
 
-from gateway.app import create_app
+from gateway.app import create_asgi_app
 from gateway.canonical import ChatRequest, Sampling, text_message
 from gateway.providers.base import ProviderError
 from gateway.providers.openai import OpenAIProvider
@@ -103,7 +103,7 @@ def leaky_gateway(
     settings = Settings.from_env(
         **{**gateway_settings.__dict__, "config": str(config), "instance_id": "edges"}
     )
-    gateway = ServerThread(create_app(settings)).start()
+    gateway = ServerThread(create_asgi_app(settings)).start()
     yield gateway.url, settings, [refused, upstream.url]
     gateway.stop()
     upstream.stop()

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import create_app
+from gateway.app import create_asgi_app
 from gateway.settings import Settings
 from tests.gateway.api.servers import ServerThread, free_port
 
@@ -23,7 +23,7 @@ def edge_settings(gateway_settings: Settings, routing_yaml: Path) -> Settings:
 
 
 def _serve(settings: Settings) -> Iterator[str]:
-    server = ServerThread(create_app(settings)).start()
+    server = ServerThread(create_asgi_app(settings)).start()
     yield server.url
     server.stop()
 

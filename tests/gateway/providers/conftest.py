@@ -218,7 +218,7 @@ def hosted_gateway(
 
     import yaml
 
-    from gateway.app import create_app
+    from gateway.app import create_asgi_app
     from gateway.db.scratch import scratch_database
     from gateway.settings import Settings
 
@@ -244,7 +244,7 @@ def hosted_gateway(
             run_usage_flusher=False,
             cooldown_failures=100,
         )
-        server = ServerThread(create_app(settings)).start()
+        server = ServerThread(create_asgi_app(settings)).start()
         response = httpx.post(
             f"{server.url}/admin/keys",
             json={"name": "hosted-test"},

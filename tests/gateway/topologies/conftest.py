@@ -18,7 +18,7 @@ from engine.async_engine import AsyncEngine
 from engine.demo_model import create_demo_model
 from engine.redis_client import async_client, pubsub_client
 from engine.worker import Worker, WorkerOptions
-from gateway.app import create_app
+from gateway.app import create_asgi_app
 from gateway.settings import Settings
 from tests.gateway.api.servers import ServerThread
 
@@ -85,7 +85,7 @@ async def stack_on(gateway_settings: Settings, demo_model_dir: Path) -> AsyncIte
         worker = Worker(engine, redis, options, pubsub_redis=cancels)
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
-        server = ServerThread(create_app(settings)).start()
+        server = ServerThread(create_asgi_app(settings)).start()
         try:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
                 yield Stack(server.url, settings, model, http)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
-from gateway.app import create_app
+from gateway.app import create_asgi_app
 from gateway.db.scratch import execute_autocommit, scratch_database
 from gateway.settings import Settings
 
@@ -111,7 +111,7 @@ def ui_settings(
 
 @pytest.fixture(scope="module")
 def gateway_url(ui_settings: Settings) -> Iterator[str]:
-    server = ServerThread(create_app(ui_settings)).start()
+    server = ServerThread(create_asgi_app(ui_settings)).start()
     yield server.url
     server.stop()
 
