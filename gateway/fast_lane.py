@@ -2,10 +2,10 @@
 
 Litestar's way from the server to a handler and back (its router, exception middleware,
 request and response objects, kwargs and signature model, send wrappers) costs ~80 µs a request
-on the 2-core dev VM: a one-route Litestar app under the same uvicorn adds 0.11-0.13 ms to an
-instant upstream where a bare ASGI app adds 0.035. Against the ~0.5 ms the whole gateway adds,
-that is the largest single part (bench/gateway_overhead.py --baseline: ~11 % less added
-latency with this lane). The lane wraps the Litestar app and takes a POST to a route declared
+on the 2-core dev VM: answering the bench's request from a one-route Litestar app under the
+same uvicorn took 0.11-0.13 ms more than the upstream did, from a bare ASGI app 0.035 ms more.
+Against the ~0.5 ms the whole gateway adds, that is the largest single part
+(bench/gateway_overhead.py --baseline: ~9 % less added latency with this lane). The lane wraps the Litestar app and takes a POST to a route declared
 with ``inference_post`` itself, running that route handler as Litestar would — its guards, its
 ``before_request`` hook, the handler, its ``after_response`` hook, its exception handlers for
 whatever is raised before the response starts, and the app's ``before_send`` hooks on every
