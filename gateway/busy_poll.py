@@ -8,7 +8,8 @@ it: tens of µs on the 2-core dev VM, per reply). ``poll_while`` keeps the loop 
 with a zero timeout, until the awaited work is done or a short window passes, so a reply is read
 as soon as it lands. It spends CPU only on an otherwise idle replica, and at most the window per
 request; a replica under load never speculates, and never polls (bench/gateway_overhead.py
-measured ~10 % less added latency on the dev VM; ``SLUICEGATE_BUSY_POLL_US=0`` turns it off).
+--baseline measured ~3 % less added latency on the dev VM; ``SLUICEGATE_BUSY_POLL_US=0`` turns
+it off).
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ request and response objects, kwargs and signature model, send wrappers) costs ~
 on the 2-core dev VM: answering the bench's request from a one-route Litestar app under the
 same uvicorn took 0.11-0.13 ms more than the upstream did, from a bare ASGI app 0.035 ms more.
 Against the ~0.5 ms the whole gateway adds, that is the largest single part
-(bench/gateway_overhead.py --baseline: ~9 % less added latency with this lane). The lane wraps the Litestar app and takes a POST to a route declared
-with ``inference_post`` itself, running that route handler as Litestar would — its guards, its
-``before_request`` hook, the handler, its ``after_response`` hook, its exception handlers for
-whatever is raised before the response starts, and the app's ``before_send`` hooks on every
-message — with nothing in between. The controllers stay the one definition of each endpoint;
+(bench/gateway_overhead.py --baseline: ~9 % less added latency with this lane).
+
+The lane wraps the Litestar app and takes a POST to a route declared with ``inference_post``
+itself, running that route handler as Litestar would — its guards, its ``before_request`` hook,
+the handler, its ``after_response`` hook, its exception handlers for whatever is raised before
+the response starts, and the app's ``before_send`` hooks on every message — with nothing in
+between. The controllers stay the one definition of each endpoint;
 every other request (and every request while the app has middleware, CORS or allowed hosts,
 whose handling is Litestar's) goes to Litestar untouched.
 """

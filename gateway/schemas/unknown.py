@@ -94,15 +94,13 @@ def _list_walker(item: Walk | None) -> Walk | None:
 def _union_walker(union: mi.UnionType, structs: dict[type, Walk]) -> Walk | None:
     """An object goes to the first struct member its tag names (or the first untagged one),
     a list to the first list member: the member that decoded it."""
-    tagged: list[tuple[str | None, Any, Walk]] = []
-    list_walk: Walk | None = None
-    has_list = False
-    for member in union.types:
-        if isinstance(member, mi.StructType):
-            tagged.append((member.tag_field, member.tag, _compile(member, structs)))  # type: ignore[arg-type]
-        elif isinstance(member, mi.ListType) and not has_list:
-            has_list = True
-            list_walk = _compile(member, structs)
+    tagged: list[tuple[str | None, Any, Walk]] = [
+        (member.tag_field, member.tag, _compile(member, structs))  # type: ignore[misc]
+        for member in union.types
+        if isinstance(member, mi.StructType)
+    ]
+    lists = [member for member in union.types if isinstance(member, mi.ListType)]
+    list_walk = _compile(lists[0], structs) if lists else None
     if not tagged and list_walk is None:
         return None
 
