@@ -23,7 +23,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import torch  # noqa: E402
 
-from kernels import cpu_attention, reference  # noqa: E402
+from sluicegate.kernels import cpu_attention, reference  # noqa: E402
 
 
 def main() -> int:

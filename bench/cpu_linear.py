@@ -1,4 +1,4 @@
-"""The CPU linear kernels side by side: packed (``kernels.cpu_linear``), oneDNN and aten
+"""The CPU linear kernels side by side: packed (``sluicegate.kernels.cpu_linear``), oneDNN and aten
 (and, on a CPU with AVX-512, the packed product held to its AVX2 tiles: ``packed_avx2``).
 
 One "step" runs every linear of a decode step of bench/vs_vllm.py's model (4 layers of hidden
@@ -28,8 +28,8 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from engine.models.onednn import OneDNNLinear  # noqa: E402
-from kernels import cpu_linear  # noqa: E402
+from sluicegate.engine.models.onednn import OneDNNLinear  # noqa: E402
+from sluicegate.kernels import cpu_linear  # noqa: E402
 
 LAYER_SHAPES = [(512, 768), (512, 512), (512, 2816), (1408, 512)]
 LM_HEAD = (512, 32000)

@@ -43,9 +43,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import httpx  # noqa: E402
 
-from engine.demo_model import create_demo_model  # noqa: E402
-from gateway.db.scratch import scratch_database  # noqa: E402
-from gateway.up import Stack, free_port  # noqa: E402
+from sluicegate.engine.demo_model import create_demo_model  # noqa: E402
+from sluicegate.gateway.db.scratch import scratch_database  # noqa: E402
+from sluicegate.gateway.up import Stack, free_port  # noqa: E402
 
 _CONTENT = re.compile(rb'"content":"[^"]')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
@@ -82,7 +82,7 @@ def workload(n: int) -> list[str]:
 async def run_inprocess(
     engine: Any, prompts: list[str], concurrency: int, max_tokens: int
 ) -> Result:
-    from engine import SamplingParams
+    from sluicegate.engine import SamplingParams
 
     limit = asyncio.Semaphore(concurrency)
     ttfts: list[float] = []
@@ -176,9 +176,9 @@ async def run_transport(
     without HTTP, so the report can tell the transport's cost from the HTTP layer's."""
     import redis.asyncio as aioredis
 
-    from gateway.canonical import ChatRequest, Sampling, text_message
-    from gateway.providers.engine import EngineProvider
-    from gateway.settings import Settings
+    from sluicegate.gateway.canonical import ChatRequest, Sampling, text_message
+    from sluicegate.gateway.providers.engine import EngineProvider
+    from sluicegate.gateway.settings import Settings
 
     client = aioredis.from_url(redis_url)
     provider = EngineProvider(client, Settings(redis_url=redis_url), model)
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENGINE_OPTIONS.items()]
             worker = stack.spawn(
                 "engine",
-                [sys.executable, "-m", "engine.worker", "--model", str(model_dir),
+                [sys.executable, "-m", "sluicegate.engine.worker", "--model", str(model_dir),
                  "--served-model-name", model_name, "--redis-url", args.redis_url,
                  "--metrics-port", str(metrics_port), "--max-pull", "64", *engine_flags,
                  *args.worker_arg],
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             stack.spawn(
                 "gateway",
-                [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
+                [sys.executable, "-m", "sluicegate.gateway.cli", "gateway", "--port", str(port),
                  "--log-level", "warning"],
                 env,
                 Path(tmp) / "logs",
@@ -394,7 +394,7 @@ async def _rounds(
     model_name: str,
     worker_pid: int,
 ) -> tuple[dict[str, list[Result]], dict[str, float]]:
-    from engine import AsyncEngine
+    from sluicegate.engine import AsyncEngine
 
     engine = AsyncEngine(str(model_dir), **ENGINE_OPTIONS)
     started = engine.start()

@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from engine import LLM, SamplingParams  # noqa: E402
+from sluicegate.engine import LLM, SamplingParams  # noqa: E402
 
 VOCAB_SIZE = 32000
 

@@ -58,7 +58,7 @@ import yaml
 from instant_upstream import MODEL, use_uvloop
 from load_client import latency_blocks, latency_rounds, percentile, throughput
 
-from gateway.db.scratch import scratch_database
+from sluicegate.gateway.db.scratch import scratch_database
 
 UPSTREAM_SCRIPT = Path(__file__).with_name("instant_upstream.py")
 
@@ -101,14 +101,14 @@ def cpu_seconds(pid: int) -> float:
 
 def gateway_command(port: int, workers: int) -> list[str]:
     """``sluicegate gateway`` of whichever checkout the process starts in."""
-    return [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1", "--port",
+    return [sys.executable, "-m", "sluicegate.gateway.cli", "gateway", "--host", "127.0.0.1", "--port",
             str(port), "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
 
 
 async def _create_key(database_url: str) -> str:
-    from gateway.auth import generate_key
-    from gateway.db import keys
-    from gateway.db.session import create_engine, create_sessionmaker
+    from sluicegate.gateway.db import keys
+    from sluicegate.gateway.db.session import create_engine, create_sessionmaker
+    from sluicegate.gateway.keys.records import generate_key
 
     engine = create_engine(database_url)
     plaintext, digest, prefix = generate_key()
@@ -264,7 +264,7 @@ async def _count_usage(database_url: str, expected: int) -> int:
     """Usage rows in PostgreSQL once the flusher caught up (up to 30 s): one per request."""
     from sqlalchemy import text
 
-    from gateway.db.session import create_engine
+    from sluicegate.gateway.db.session import create_engine
 
     engine = create_engine(database_url)
     deadline = time.monotonic() + 30

@@ -112,9 +112,9 @@ def make_hf_model(config: Any, device: torch.device, dtype: torch.dtype) -> Any:
 def engine_from_memory(folder: Path, hf_model: Any, options: dict[str, Any]) -> Any:
     """An ``LLM`` whose weights are copied from ``hf_model`` (device to device) instead of
     read from safetensors files, which for 16 GB would dominate the run."""
-    import engine.engine_build as engine_build
-    from engine import LLM
-    from engine.models.loader import ModelConfig, model_class, resolve_dtype
+    import sluicegate.engine.runner.build as engine_build
+    from sluicegate.engine import LLM
+    from sluicegate.engine.models.loader import ModelConfig, model_class, resolve_dtype
 
     def load_from_memory(
         path: str | Path, device: torch.device, dtype: Any = "auto", model_impl: str = "native"
@@ -162,7 +162,7 @@ def decode_weight_bytes(model: Any) -> int:
 
 
 def single_stream_tok_s(llm: Any, prompt: list[int], short: int, long: int) -> float:
-    from engine import SamplingParams
+    from sluicegate.engine import SamplingParams
 
     def timed(n: int) -> float:
         params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
@@ -178,7 +178,7 @@ def single_stream_tok_s(llm: Any, prompt: list[int], short: int, long: int) -> f
 
 
 def concurrent_tok_s(llm: Any, prompts: list[list[int]], output: int) -> float:
-    from engine import SamplingParams
+    from sluicegate.engine import SamplingParams
 
     params = SamplingParams(max_tokens=output, temperature=0, ignore_eos=True)
     llm.generate(prompts[:8], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))

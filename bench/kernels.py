@@ -3,7 +3,7 @@
 Decode uses Llama-3.1-8B attention shapes (32 query heads, 8 KV heads, head dim 128, bf16,
 block size 16, shuffled block tables) at batch 1/16/64/256 and context 512..32k. For each point
 it prints the Triton kernel's time, achieved bandwidth (bytes of K/V read / time) and its ratio
-to the device's peak HBM bandwidth, next to the torch reference (``kernels.reference``, where
+to the device's peak HBM bandwidth, next to the torch reference (``sluicegate.kernels.reference``, where
 its fp32 copies fit) and to ``scaled_dot_product_attention`` on contiguous K/V. Prefill prints
 TFLOP/s for a fresh prompt and a chunk after a cached prefix, next to causal SDPA.
 
@@ -124,9 +124,9 @@ def _known_peak(device_name: str) -> float | None:
 def _decode_point(shapes, batch, context, dtype, device, peak_gbps) -> dict:
     import torch
 
-    import kernels
-    from kernels import reference
-    from kernels.triton_paged_attention import default_num_splits
+    from sluicegate import kernels
+    from sluicegate.kernels import reference
+    from sluicegate.kernels.triton_paged_attention import default_num_splits
 
     paged = _paged_batch(shapes, [context] * batch, [1] * batch, dtype, device)
     kv_bytes = (
@@ -178,7 +178,7 @@ def _prefill_point(shapes, requests, q_len, cached, dtype, device) -> dict:
     import torch
     import torch.nn.functional as F
 
-    import kernels
+    from sluicegate import kernels
 
     paged = _paged_batch(shapes, [cached + q_len] * requests, [q_len] * requests, dtype, device)
     # Each query token sees cached + its own position + 1 keys: QK^T and PV, 2 FLOPs per MAC.

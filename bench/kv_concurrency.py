@@ -18,10 +18,10 @@ import json
 import random
 import time
 
-from engine.config import SchedulerConfig
-from engine.sampling import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from sluicegate.engine.core.config import SchedulerConfig
+from sluicegate.engine.core.scheduler import Scheduler
+from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.sample.params import SamplingParams
 
 KV_SLOTS = 426_784  # Llama 3.1 8B, 80 GB x 0.9: see `sluicegate capacity`
 BLOCK_SIZE = 16

@@ -32,11 +32,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import httpx  # noqa: E402
 
-from engine.demo_model import create_demo_model  # noqa: E402
-from gateway.canonical import ChatRequest, Sampling, text_message  # noqa: E402
-from gateway.providers.engine import EngineProvider  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from gateway.up import Stack, free_port  # noqa: E402
+from sluicegate.engine.demo_model import create_demo_model  # noqa: E402
+from sluicegate.gateway.canonical import ChatRequest, Sampling, text_message  # noqa: E402
+from sluicegate.gateway.providers.engine import EngineProvider  # noqa: E402
+from sluicegate.gateway.settings import Settings  # noqa: E402
+from sluicegate.gateway.up import Stack, free_port  # noqa: E402
 
 _COUNTER = re.compile(r"^(sluicegate:prefix_cache_(?:hits|queries)_total)\{[^}]*\} (\S+)$", re.M)
 _WORDS = "river gate water stone bridge lantern harbor meadow signal engine token block".split()
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                 for index, port in enumerate(ports):
                     stack.spawn(
                         f"worker{index}",
-                        [sys.executable, "-m", "engine.worker", "--model", str(model_dir),
+                        [sys.executable, "-m", "sluicegate.engine.worker", "--model", str(model_dir),
                          "--served-model-name", model, "--redis-url", args.redis_url,
                          "--metrics-port", str(port), "--device", "cpu", "--dtype", "float32",
                          "--num-kv-blocks", str(args.kv_blocks)],

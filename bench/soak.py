@@ -242,7 +242,7 @@ class Stack:
 
     def _worker(self, index: int) -> Proc:
         argv = [
-            sys.executable, "-m", "engine.worker", "--model", str(self.model_dir),
+            sys.executable, "-m", "sluicegate.engine.worker", "--model", str(self.model_dir),
             "--served-model-name", MODEL, "--redis-url", self.services.redis_url,
             "--worker-id", f"soak-w{index}", "--metrics-port", "0", "--metrics-host", "127.0.0.1",
             "--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "256",
@@ -264,7 +264,7 @@ class Stack:
             SLUICEGATE_LEASE_S=str(LEASE_S),
             SLUICEGATE_REQUEST_TIMEOUT_S="60",
         )
-        argv = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1",
+        argv = [sys.executable, "-m", "sluicegate.gateway.cli", "gateway", "--host", "127.0.0.1",
                 "--port", str(self.gateway_ports[index]), "--log-level", "warning"]  # fmt: skip
         return Proc(f"gateway{index}", argv, env, self.root / f"gateway{index}.log")
 
@@ -605,8 +605,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the logs folder")
     args = parser.parse_args()
 
-    from engine.demo_model import create_demo_model
-    from gateway.db.migrate import upgrade
+    from sluicegate.engine.demo_model import create_demo_model
+    from sluicegate.gateway.db.migrate import upgrade
 
     root = Path(tempfile.mkdtemp(prefix="sg-soak-"))
     os.chmod(root, 0o755)

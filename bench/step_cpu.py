@@ -34,10 +34,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import torch  # noqa: E402
 
 from bench.engine_throughput import build_model  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
+from sluicegate.engine import LLM, SamplingParams  # noqa: E402
 
 try:
-    from engine.sampler_output import SampledBatch
+    from sluicegate.engine.sample.output import SampledBatch
 except ImportError:  # older engines
     SampledBatch = None  # type: ignore[assignment,misc]
 

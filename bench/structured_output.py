@@ -36,10 +36,10 @@ import jsonschema  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.demo_model import _build_tokenizer  # noqa: E402
-from engine.protocol import Structured  # noqa: E402
-from engine.request_options import RequestOptions  # noqa: E402
+from sluicegate.engine import LLM, SamplingParams  # noqa: E402
+from sluicegate.engine.demo_model import _build_tokenizer  # noqa: E402
+from sluicegate.engine.protocol import Structured  # noqa: E402
+from sluicegate.engine.serving.request_options import RequestOptions  # noqa: E402
 
 NAME = {"type": "string", "minLength": 1, "maxLength": 8}
 SCHEMA = {

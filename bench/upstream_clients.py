@@ -1,4 +1,4 @@
-"""The gateway's hand-written HTTP/1.1 client (gateway/providers/http1.py) against aiohttp
+"""The gateway's hand-written HTTP/1.1 client (sluicegate/gateway/providers/http1.py) against aiohttp
 (its C parser) and httpx, on the same instant local upstream in one run.
 
 Each client sends the same small JSON POST the gateway sends upstream: ``--requests`` one at a
@@ -61,7 +61,7 @@ async def measure(port: int, requests: int, concurrency: int, rounds: int) -> di
     import aiohttp
     import httpx
 
-    from gateway.providers.http1 import Http1Pool
+    from sluicegate.gateway.providers.http1 import Http1Pool
 
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
     pool = Http1Pool("127.0.0.1", port, connect_timeout_s=5, read_timeout_s=30)

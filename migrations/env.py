@@ -1,6 +1,6 @@
 """Alembic environment: runs migrations over an async (asyncpg) connection.
 
-The URL is ``sqlalchemy.url`` when the caller set one (``gateway.db.migrate`` does), else
+The URL is ``sqlalchemy.url`` when the caller set one (``sluicegate.gateway.db.migrate`` does), else
 ``SLUICEGATE_DATABASE_URL`` through the gateway settings.
 """
 
@@ -12,8 +12,8 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from gateway.db.models import metadata
-from gateway.settings import Settings
+from sluicegate.gateway.db.models import metadata
+from sluicegate.gateway.settings import Settings
 
 config = context.config
 

@@ -37,7 +37,7 @@ def _embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     if not (need_pg or need_redis):
         yield None
         return
-    from gateway.embedded import EmbeddedServices
+    from sluicegate.gateway.embedded import EmbeddedServices
 
     services = EmbeddedServices.start(
         tmp_path_factory.mktemp("embedded"), postgres=need_pg, redis=need_redis
@@ -70,7 +70,7 @@ def admin_database_url(_embedded: object) -> str:
 @pytest.fixture
 def fresh_database_url(admin_database_url: str) -> Iterator[str]:
     """An empty database of its own, dropped afterwards (no schema: run migrations yourself)."""
-    from gateway.db.scratch import scratch_database
+    from sluicegate.gateway.db.scratch import scratch_database
 
     with scratch_database(admin_database_url, prefix="sg_test", migrate=False) as url:
         yield url

@@ -143,7 +143,7 @@ def test_engine_reserves_a_gpu_and_a_cpu_profile_runs_without_one(
 def test_engine_worker_accepts_the_compose_flags_and_drains_before_the_kill(
     compose: dict[str, Any],
 ) -> None:
-    from engine.worker import build_parser
+    from sluicegate.engine.worker import build_parser
 
     engine = compose["services"]["engine"]
     parsed = build_parser().parse_args(engine["command"][1:])
@@ -207,8 +207,8 @@ async def test_gateway_loads_the_compose_routing_config(
 ) -> None:
     import redis.asyncio as aioredis
 
-    from gateway.routing import Router
-    from gateway.settings import Settings
+    from sluicegate.gateway.routing.router import Router
+    from sluicegate.gateway.settings import Settings
 
     config_file = tmp_path / "routing.yaml"
     config_file.write_text(compose["configs"]["routing"]["content"])

@@ -89,19 +89,19 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
 
 
 def test_gateway_exports_every_gateway_metric_the_dashboard_reads() -> None:
-    from gateway.telemetry import REGISTRY
+    from sluicegate.gateway.telemetry import REGISTRY
 
     assert exported_names(REGISTRY) >= GATEWAY_METRICS
 
 
 def test_engine_worker_exports_every_engine_metric_the_dashboard_reads() -> None:
-    from engine.metrics import WorkerMetrics
+    from sluicegate.engine.worker.metrics import WorkerMetrics
 
     assert exported_names(WorkerMetrics("tiny-model").registry) >= ENGINE_METRICS
 
 
 def test_status_matchers_name_statuses_the_gateway_reports(dashboard: dict[str, Any]) -> None:
-    from gateway.telemetry import REGISTRY, model_metrics
+    from sluicegate.gateway.telemetry import REGISTRY, model_metrics
 
     model_metrics("dashboard-check")
     statuses = {

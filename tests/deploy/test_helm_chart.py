@@ -194,7 +194,7 @@ def test_engine_pod_carries_model_flags_scheduling_shm_and_drain_time(
 def test_engine_worker_accepts_the_chart_flags_and_drains_within_the_grace_period(
     all_manifests: list[Manifest], name: str
 ) -> None:
-    from engine.worker import build_parser
+    from sluicegate.engine.worker import build_parser
 
     spec = pod_spec(one(all_manifests, "Deployment", name))
     args = spec["containers"][0]["args"]
@@ -206,7 +206,7 @@ def test_engine_worker_accepts_the_chart_flags_and_drains_within_the_grace_perio
 def test_gateway_settings_values_reach_the_gateway_as_typed_settings(
     all_manifests: list[Manifest], chart: ChartUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gateway.settings import Settings
+    from sluicegate.gateway.settings import Settings
 
     gateway = pod_spec(one(all_manifests, "Deployment", GATEWAY))["containers"][0]
     for name, var in env_of(gateway).items():
@@ -489,8 +489,8 @@ async def test_gateway_loads_the_routing_config_the_chart_renders(
 ) -> None:
     import redis.asyncio as aioredis
 
-    from gateway.routing import Router
-    from gateway.settings import Settings
+    from sluicegate.gateway.routing.router import Router
+    from sluicegate.gateway.settings import Settings
 
     configmap = one(all_manifests, "ConfigMap", f"{RELEASE}-sluicegate-routing")
     config_file = tmp_path / "routing.yaml"

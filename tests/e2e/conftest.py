@@ -123,7 +123,7 @@ class Cluster:
     def worker(self, model_name: str, redis_url: str, *extra: str, ready: bool = True) -> Process:
         port = free_port()
         argv = [
-            sys.executable, "-m", "engine.worker",
+            sys.executable, "-m", "sluicegate.engine.worker",
             "--model", str(self.model_dir),
             "--served-model-name", model_name,
             "--redis-url", redis_url,
@@ -154,7 +154,7 @@ class Cluster:
             SLUICEGATE_WORKER_HEARTBEAT_TTL_S="3",
             **{f"SLUICEGATE_{k.upper()}": v for k, v in settings.items()},
         )
-        argv = [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(port)]
+        argv = [sys.executable, "-m", "sluicegate.gateway.cli", "gateway", "--port", str(port)]
         argv += ["--log-level", "warning"]
         process = spawn("gateway", argv, env, self.log_dir, port)
         self.processes.append(process)
@@ -168,7 +168,7 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.demo_model import create_demo_model
+    from sluicegate.engine.demo_model import create_demo_model
 
     return create_demo_model(tmp_path_factory.mktemp("tiny-model"))
 
@@ -182,7 +182,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> I
 
 def new_database(admin_url: str) -> tuple[str, Callable[[], None]]:
     """A migrated database of its own and the function that drops it."""
-    from gateway.db.scratch import scratch_database
+    from sluicegate.gateway.db.scratch import scratch_database
 
     stack = contextlib.ExitStack()
     url = stack.enter_context(scratch_database(admin_url, prefix="sg_e2e"))
@@ -328,28 +328,28 @@ class Reference:
     """Greedy outputs of ``LLM`` for the tiny model, and the text after each of their tokens."""
 
     def __init__(self, model_dir: Path) -> None:
-        from engine import LLM
-        from engine.tokenizer import Tokenizer
+        from sluicegate.engine import LLM
+        from sluicegate.engine.text.tokenizer import Tokenizer
 
         self.llm = LLM(str(model_dir), num_kv_blocks=256, device="cpu", dtype="float32")
         self.tokenizer = Tokenizer(model_dir)
 
     def chat(self, prompt: str, max_tokens: int) -> Any:
-        from engine import SamplingParams
+        from sluicegate.engine import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         return self.llm.chat([[{"role": "user", "content": prompt}]], params)[0]
 
     def chat_many(self, prompts: list[str], max_tokens: int) -> list[Any]:
         """``chat`` for several prompts in one batched run (each row is its own greedy answer)."""
-        from engine import SamplingParams
+        from sluicegate.engine import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         return self.llm.chat([[{"role": "user", "content": p}] for p in prompts], params)
 
     def texts_after_each_token(self, output: Any) -> list[str]:
         """``texts[k]`` is what a client has seen once the first ``k`` tokens were streamed."""
-        from engine.tokenizer import IncrementalDetokenizer
+        from sluicegate.engine.text.tokenizer import IncrementalDetokenizer
 
         detokenizer = IncrementalDetokenizer(self.tokenizer, output.prompt_token_ids)
         texts, seen = [""], ""
@@ -435,7 +435,7 @@ def up() -> Iterator[Up]:
 
 def _up(data_dir: Path) -> Iterator[Up]:
     port = free_port()
-    argv = [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir)]
+    argv = [sys.executable, "-m", "sluicegate.gateway.cli", "up", "--data-dir", str(data_dir)]
     process = subprocess.Popen(
         [*argv, "--port", str(port)],
         cwd=REPO_ROOT,

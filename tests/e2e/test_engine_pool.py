@@ -149,7 +149,7 @@ def test_malformed_stream_entries_are_acknowledged_and_the_worker_keeps_serving(
 ) -> None:
     import redis
 
-    from engine import protocol
+    from sluicegate.engine import protocol
 
     client = redis.Redis.from_url(redis_url)
     stream = protocol.request_stream(pool.model)

@@ -4,7 +4,7 @@ Two gateway processes share Redis, PostgreSQL and the usage stream; a real worke
 The stream runs on replica A, which is killed once the client has seen text. Within
 ``lease_s + 5`` seconds replica B's reaper has written the usage row (the prompt once, and
 the tokens A had read of its reply stream, at least what the client received, not the ones
-the worker went on generating until the reaper's Cancel landed: see gateway.lease_reaper),
+the worker went on generating until the reaper's Cancel landed: see sluicegate.gateway.leases.reaper),
 freed the key's concurrency slot and given back the unused reservation.
 """
 
@@ -22,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from engine import protocol
+from sluicegate.engine import protocol
 
 pytestmark = pytest.mark.timeout(240)
 

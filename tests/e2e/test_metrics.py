@@ -56,7 +56,7 @@ def _greedy(max_tokens: int) -> dict[str, Any]:
 def test_gateway_and_worker_counters_move_by_the_traffic(
     served: SimpleNamespace, tiny_model_dir: Path, tools: SimpleNamespace
 ) -> None:
-    from engine.tokenizer import Tokenizer
+    from sluicegate.engine.text.tokenizer import Tokenizer
 
     messages = [{"role": "user", "content": PROMPT}]
     prompt_tokens = len(Tokenizer(tiny_model_dir).apply_chat_template(messages))

@@ -175,7 +175,7 @@ def test_json_schema_output_validates(served: SimpleNamespace, schema: dict[str,
 
 
 def test_logprobs_agree_with_the_engine(served: SimpleNamespace, reference: Any) -> None:
-    from engine import SamplingParams
+    from sluicegate.engine import SamplingParams
 
     prompt = "Tell me about rivers."
     completion = served.client.chat.completions.create(

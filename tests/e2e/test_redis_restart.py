@@ -96,7 +96,7 @@ def test_requests_get_503_during_a_redis_outage_and_service_resumes_after(
     # Redis came back empty: the registry and heartbeat keys are gone until the worker beats
     # again, but the gateway trusts the workers it saw meanwhile, so its router never answers
     # "no deployment is available"; and the connections the gateway pooled before the restart
-    # are found closed when next taken from the pool (engine/redis_client.py), not failed on.
+    # are found closed when next taken from the pool (sluicegate/engine/redis_client.py), not failed on.
     # So the first request after the restart is served, and so is the first streamed one.
     assert ask(), "the first request after Redis came back was not answered"
 

@@ -132,8 +132,8 @@ def traced(
     tools: SimpleNamespace,
     span_exporter: InMemorySpanExporter,
 ) -> Iterator[SimpleNamespace]:
-    from gateway.app import create_asgi_app
-    from gateway.settings import Settings
+    from sluicegate.gateway.app import create_asgi_app
+    from sluicegate.gateway.settings import Settings
 
     model = tools.model_name("e2e-trace")
     with Collector() as collector:
@@ -194,7 +194,7 @@ def test_one_trace_holds_gateway_and_engine_spans(
 ) -> None:
     from openai import OpenAI
 
-    from engine.tokenizer import Tokenizer
+    from sluicegate.engine.text.tokenizer import Tokenizer
 
     messages = [{"role": "user", "content": PROMPT}]
     prompt_tokens = len(Tokenizer(tiny_model_dir).apply_chat_template(messages))
@@ -290,10 +290,10 @@ def test_one_trace_holds_gateway_and_engine_spans(
 def test_a_request_aborted_in_the_queue_has_only_a_queue_phase(
     span_exporter: InMemorySpanExporter,
 ) -> None:
-    from engine import protocol
-    from engine.protocol import Usage
-    from engine.request_delta import RequestDelta, RequestTimings
-    from engine.tracing import RequestTracer
+    from sluicegate.engine import protocol
+    from sluicegate.engine.protocol import Usage
+    from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings
+    from sluicegate.engine.tracing import RequestTracer
 
     span_exporter.clear()
     now = time.monotonic()
@@ -327,7 +327,7 @@ def test_no_tracing_without_an_otlp_endpoint(tools: SimpleNamespace) -> None:
     env = tools.base_env()
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     check = (
-        "from engine.tracing import RequestTracer, tracing_enabled\n"
+        "from sluicegate.engine.tracing import RequestTracer, tracing_enabled\n"
         "RequestTracer('m', 'w')\n"
         "assert not tracing_enabled()\n"
     )

@@ -66,7 +66,7 @@ def test_up_serves_the_demo_model_and_sigint_stops_everything(
         [
             sys.executable,
             "-m",
-            "gateway.cli",
+            "sluicegate.gateway.cli",
             "up",
             "--data-dir",
             str(data_dir),

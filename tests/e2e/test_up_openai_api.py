@@ -168,7 +168,7 @@ def test_logprobs_and_seeded_n(served: Any) -> None:
     entries = reply.choices[0].logprobs.content
     assert len(entries) == reply.usage.completion_tokens
     # The engine's own log-softmax, in process on the same weights and prompt.
-    from engine import LLM, SamplingParams
+    from sluicegate.engine import LLM, SamplingParams
 
     llm = LLM(str(served.model_dir), num_kv_blocks=64)
     params = SamplingParams(max_tokens=4, temperature=0, logprobs=3)

@@ -77,7 +77,7 @@ def test_up_serves_a_phi3_checkpoint_with_streaming(
     served = tools.model_name("phi3")
     up = subprocess.Popen(
         [
-            sys.executable, "-m", "gateway.cli", "up",
+            sys.executable, "-m", "sluicegate.gateway.cli", "up",
             "--model", str(phi3_dir),
             "--served-model-name", served,
             "--model-impl", "auto",

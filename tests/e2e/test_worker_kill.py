@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from engine import protocol
+from sluicegate.engine import protocol
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -24,7 +24,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from engine.chat_templates import MARKUP_TOKENS, hermes_chat_template
+from sluicegate.engine.text.chat_templates import MARKUP_TOKENS, hermes_chat_template
 
 VOCAB_SIZE = 320
 EOS_TOKEN = "</s>"

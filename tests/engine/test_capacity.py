@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engine.capacity import ModelShape, main, parse_size, plan_capacity
-from gateway.cli import main as cli_main
+from sluicegate.engine.capacity import ModelShape, main, parse_size, plan_capacity
+from sluicegate.gateway.cli import main as cli_main
 
 LLAMA_31_8B: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -122,7 +122,7 @@ def test_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_capacity_never_imports_torch(llama_dir: Path) -> None:
     code = (
-        "import sys; from engine.capacity import main; "
+        "import sys; from sluicegate.engine.capacity import main; "
         f"main(['--config', {str(llama_dir)!r}, '--json']); "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engine import protocol
+from sluicegate.engine import protocol
 
 
 class _ChatMessageV2(msgspec.Struct, omit_defaults=True):

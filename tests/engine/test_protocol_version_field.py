@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from engine import protocol
+from sluicegate.engine import protocol
 
 
 class _RequestOld(msgspec.Struct, tag="request", omit_defaults=True):

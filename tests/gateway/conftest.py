@@ -13,9 +13,9 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.scratch import execute_autocommit, scratch_database
-from gateway.db.session import create_engine, create_sessionmaker
-from gateway.settings import Settings
+from sluicegate.gateway.db.scratch import execute_autocommit, scratch_database
+from sluicegate.gateway.db.session import create_engine, create_sessionmaker
+from sluicegate.gateway.settings import Settings
 
 
 @pytest.fixture(scope="module")

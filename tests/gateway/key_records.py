@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from gateway.auth import ApiKeyRecord
+from sluicegate.gateway.keys.records import ApiKeyRecord
 
 
 def key_record(**fields: Any) -> ApiKeyRecord:

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import textwrap
 
-from gateway.settings import Settings
+from sluicegate.gateway.settings import Settings
 
 PROBE = textwrap.dedent(
     """
     import asyncio, gc
     from litestar.testing import AsyncTestClient
-    from gateway.app import create_app, create_served_app
+    from sluicegate.gateway.app import create_app, create_served_app
 
     async def main():
         async with AsyncTestClient(create_app()):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gateway import app as app_module
+from sluicegate.gateway import app as app_module
 
 
 async def _stubborn() -> None:
@@ -28,7 +28,7 @@ async def test_a_stuck_step_is_abandoned_and_named(
 ) -> None:
     monkeypatch.setattr(app_module, "SHUTDOWN_STEP_TIMEOUT_S", 0.05)
     started = time.monotonic()
-    with caplog.at_level(logging.ERROR, logger="gateway.app"):
+    with caplog.at_level(logging.ERROR, logger="sluicegate.gateway.app"):
         await app_module._bounded("lease book", _stubborn())
     assert time.monotonic() - started < 1.0
     assert "lease book did not close" in caplog.text
@@ -42,7 +42,7 @@ async def test_a_failing_step_is_logged_and_the_next_still_runs(
     async def _closes() -> None:
         ran.append("closed")
 
-    with caplog.at_level(logging.ERROR, logger="gateway.app"):
+    with caplog.at_level(logging.ERROR, logger="sluicegate.gateway.app"):
         await app_module._bounded("redis client", _failing())
         await app_module._bounded("database pool", _closes())
     assert "redis client failed" in caplog.text

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-WIRE_ROOM = {"engine.protocol", "engine.redis_client", "engine.tracing"}
+WIRE_ROOM = {
+    "sluicegate.engine.protocol",
+    "sluicegate.engine.redis_client",
+    "sluicegate.engine.tracing",
+}
 
 
 def _engine_imports(path: Path) -> set[str]:

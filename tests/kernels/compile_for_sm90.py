@@ -22,13 +22,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.launch_configs import family_config, tile_config
-from kernels.triton_paged_attention import (
+from sluicegate.kernels.launch_configs import family_config, tile_config
+from sluicegate.kernels.triton_paged_attention import (
     _merge_splits_kernel,
     _paged_attention_kernel,
     plan_tiles,
 )
-from kernels.triton_store_kv import _store_kv_kernel
+from sluicegate.kernels.triton_store_kv import _store_kv_kernel
 
 SM90 = GPUTarget("cuda", 90, 32)
 TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_attention, reference
+from sluicegate.kernels import cpu_attention, reference
 
 pytestmark = pytest.mark.skipif(
     not cpu_attention.available(), reason="the C++ decode kernel needs a C++ compiler"

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_linear
+from sluicegate.kernels import cpu_linear
 
 pytestmark = pytest.mark.skipif(
     not cpu_linear.available(), reason="the packed linear needs a C++ compiler, AVX2 and FMA"

@@ -1,5 +1,5 @@
 """The decoder layer's compiled CPU operations against the torch code they stand in for
-(``engine.models.layers`` and ``kernels.reference.store_kv``)."""
+(``sluicegate.engine.models.layers`` and ``sluicegate.kernels.reference.store_kv``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
-from kernels import cpu_ops, reference
+from sluicegate.engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from sluicegate.kernels import cpu_ops, reference
 
 pytestmark = pytest.mark.skipif(
     not cpu_ops.supports(torch.zeros(1)), reason="the CPU kernels need a C++ compiler"

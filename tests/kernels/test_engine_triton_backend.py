@@ -82,7 +82,7 @@ def _transformers_greedy(folder: Path) -> list[list[int]]:
 def test_triton_backend_matches_transformers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine import LLM, SamplingParams
+    from sluicegate.engine import LLM, SamplingParams
 
     folder = _save_tiny_llama(tmp_path / "tiny-llama")
     expected = _transformers_greedy(folder)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reference
+from sluicegate.kernels import reference
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
@@ -85,7 +85,7 @@ def test_reference_import_leaves_triton_out() -> None:
     import subprocess
     import sys
 
-    code = "import sys, kernels.reference; assert 'triton' not in sys.modules, 'triton loaded'"
+    code = "import sys, sluicegate.kernels.reference; assert 'triton' not in sys.modules, 'triton loaded'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.launch_configs import DEFAULT, FAMILIES, family_config, tile_config
-from kernels.triton_paged_attention import plan_tiles
+from sluicegate.kernels.launch_configs import DEFAULT, FAMILIES, family_config, tile_config
+from sluicegate.kernels.triton_paged_attention import plan_tiles
 
 
 def test_lookup_by_capability() -> None:

@@ -11,8 +11,8 @@ import os
 import pytest
 import torch
 
-import kernels
-from kernels import reference
+from sluicegate import kernels
+from sluicegate.kernels import reference
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -146,7 +146,7 @@ def test_num_decodes_out_of_range_is_refused(make_paged_case, ragged_specs) -> N
 
 
 def test_warm_up_runs_every_variant_it_names() -> None:
-    from kernels.triton_paged_attention import warm_up
+    from sluicegate.kernels.triton_paged_attention import warm_up
 
     names = warm_up(
         num_heads=8,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels import reference
+from sluicegate import kernels
+from sluicegate.kernels import reference
 
 
 def _caches(num_blocks, block_size, num_kv_heads, head_dim, dtype):

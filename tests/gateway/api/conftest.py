@@ -21,11 +21,11 @@ import pytest
 import redis
 import yaml
 
-from gateway.app import create_asgi_app
-from gateway.db.scratch import scratch_database
-from gateway.http_protocol import CoalescingHttpToolsProtocol
-from gateway.settings import Settings
-from gateway.usage import EVENT_FIELD, UsageEvent
+from sluicegate.gateway.app import create_asgi_app
+from sluicegate.gateway.db.scratch import scratch_database
+from sluicegate.gateway.http.protocol import CoalescingHttpToolsProtocol
+from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.usage.stream import EVENT_FIELD, UsageEvent
 
 from .servers import ServerThread, Upstream, dead_port
 

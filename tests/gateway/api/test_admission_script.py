@@ -10,10 +10,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
-from gateway.auth import ApiKeyRecord, TeamLimits
-from gateway.limit_replies import format_reset
-from gateway.limit_scripts import ADMIT_LUA, SETTLE_LUA
-from gateway.limits import RateLimiter
+from sluicegate.gateway.admission.limits import RateLimiter
+from sluicegate.gateway.admission.replies import format_reset
+from sluicegate.gateway.admission.scripts import ADMIT_LUA, SETTLE_LUA
+from sluicegate.gateway.keys.records import ApiKeyRecord, TeamLimits
 
 
 @pytest.fixture
@@ -221,7 +221,7 @@ async def test_a_reservation_redis_lost_is_settled_in_full(redis: Redis) -> None
 
 async def test_an_admission_reports_the_headroom_it_left(redis: Redis) -> None:
     """After a booking: the largest share of any limit now used (permille), and the tokens
-    and micros left before the nearest token and money limit (gateway.speculation)."""
+    and micros left before the nearest token and money limit (sluicegate.gateway.admission.speculation)."""
     tag = f"sg:rl:{{{uuid.uuid4().hex}}}"
     keys = [*_keys(tag), f"{tag}:held:a", f"{tag}:epoch"]
     await redis.set(keys[5], 100)

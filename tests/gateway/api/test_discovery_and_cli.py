@@ -11,10 +11,10 @@ import uuid
 import httpx
 from redis.asyncio import Redis
 
-from engine import protocol
-from engine.worker_liveness import LivenessThread
-from gateway.routing import Router
-from gateway.settings import Settings
+from sluicegate.engine import protocol
+from sluicegate.engine.worker.liveness import LivenessThread
+from sluicegate.gateway.routing.router import Router
+from sluicegate.gateway.settings import Settings
 
 from .servers import free_port
 
@@ -59,7 +59,7 @@ def test_sluicegate_gateway_command_serves(api_settings: Settings) -> None:
         "SLUICEGATE_CONFIG": api_settings.config,
         "SLUICEGATE_RUN_USAGE_FLUSHER": "false",
     }
-    command = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1"]
+    command = [sys.executable, "-m", "sluicegate.gateway.cli", "gateway", "--host", "127.0.0.1"]
     process = subprocess.Popen([*command, "--port", str(port)], env=env)
     try:
         deadline = time.monotonic() + 30
@@ -80,5 +80,5 @@ def test_sluicegate_gateway_command_serves(api_settings: Settings) -> None:
 
 
 def test_gateway_app_never_imports_torch() -> None:
-    code = "import sys, gateway.app, gateway.serve; sys.exit('torch' in sys.modules)"
+    code = "import sys, sluicegate.gateway.app, sluicegate.gateway.serve; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

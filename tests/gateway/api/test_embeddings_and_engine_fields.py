@@ -11,9 +11,9 @@ import msgspec
 import openai
 import pytest
 
-from engine import protocol
-from gateway.providers.engine_wire import wire_request
-from gateway.schemas.chat import ChatCompletionRequest
+from sluicegate.engine import protocol
+from sluicegate.gateway.providers.engine_wire import wire_request
+from sluicegate.gateway.schemas.chat import ChatCompletionRequest
 
 from .servers import Upstream
 

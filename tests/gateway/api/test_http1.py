@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from gateway.providers.http1 import Http1Pool, UpstreamConnectionError
+from sluicegate.gateway.providers.http1 import Http1Pool, UpstreamConnectionError
 
 from .servers import dead_port
 

@@ -9,7 +9,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.testing import TestClient
 
-from gateway.api.inference_post import inference_post
+from sluicegate.gateway.api.inference_post import inference_post
 
 seen: list[BaseRouteHandler] = []
 

@@ -8,7 +8,7 @@ from litestar import Litestar, Response, get
 from litestar.datastructures import Cookie
 from litestar.testing import TestClient
 
-from gateway.json_response import JSON, JSONBytes
+from sluicegate.gateway.http.json_response import JSON, JSONBytes
 
 BODY = b'{"id":"chatcmpl-1","choices":[]}'
 HEADERS = {"x-ratelimit-remaining-requests": "9", "x-sluicegate-deployment": "a"}

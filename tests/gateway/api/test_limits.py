@@ -12,9 +12,9 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from gateway.app import create_asgi_app
-from gateway.limit_keys import budget_period_id
-from gateway.settings import Settings
+from sluicegate.gateway.admission.keys import budget_period_id
+from sluicegate.gateway.app import create_asgi_app
+from sluicegate.gateway.settings import Settings
 
 from .servers import ServerThread, dead_port
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.settings import Settings
+from sluicegate.gateway.settings import Settings
 
 RESET = re.compile(r"^(\d+ms|(\d+m)?[\d.]+s)$")
 HELLO = [{"role": "user", "content": "hello world"}]

@@ -9,7 +9,7 @@ import httpx
 import jsonschema
 import pytest
 
-from gateway.settings import Settings
+from sluicegate.gateway.settings import Settings
 
 BODIES = {
     "/v1/chat/completions": {"model": "echo", "messages": [{"role": "user", "content": "hi"}]},

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.canonical import ImagePart, ToolResult
-from gateway.translate.responses_in import ResponsesRequest, canonical
+from sluicegate.gateway.canonical import ImagePart, ToolResult
+from sluicegate.gateway.translate.responses_in import ResponsesRequest, canonical
 
 from .servers import Upstream
 

@@ -10,8 +10,8 @@ import openai
 import pytest
 from redis.asyncio import Redis
 
-from gateway.routing import ConfigError, Router
-from gateway.settings import Settings
+from sluicegate.gateway.routing.router import ConfigError, Router
+from sluicegate.gateway.settings import Settings
 
 from .servers import Upstream
 

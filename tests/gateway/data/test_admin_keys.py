@@ -13,7 +13,7 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import ApiKey
+from sluicegate.gateway.db.models import ApiKey
 
 
 async def _create(client: AsyncTestClient[Litestar], **fields: Any) -> dict[str, Any]:

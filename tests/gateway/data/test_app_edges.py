@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import create_asgi_app
-from gateway.settings import Settings
+from sluicegate.gateway.app import create_asgi_app
+from sluicegate.gateway.settings import Settings
 from tests.gateway.api.servers import ServerThread, free_port
 
 ORIGIN = "https://console.example.com"

@@ -9,8 +9,8 @@ import sys
 import pytest
 from sqlalchemy import text
 
-from gateway.db.session import create_engine
-from gateway.settings import Settings, asyncpg_database_url
+from sluicegate.gateway.db.session import create_engine
+from sluicegate.gateway.settings import Settings, asyncpg_database_url
 
 
 def _plain(url: str, scheme: str) -> str:
@@ -33,7 +33,7 @@ async def test_settings_and_engine_take_libpq_urls(admin_database_url: str, sche
 def test_migrate_command_takes_a_postgres_url(fresh_database_url: str) -> None:
     env = {"SLUICEGATE_DATABASE_URL": _plain(fresh_database_url, "postgres")}
     done = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "migrate"],
+        [sys.executable, "-m", "sluicegate.gateway.cli", "migrate"],
         env={**os.environ, **env},
         capture_output=True,
         text=True,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from litestar.testing import AsyncTestClient
 
-from gateway.app import create_app
-from gateway.auth import generate_key
-from gateway.settings import Settings
+from sluicegate.gateway.app import create_app
+from sluicegate.gateway.keys.records import generate_key
+from sluicegate.gateway.settings import Settings
 
 
 async def test_sprayed_keys_get_429_in_openai_shape_per_forwarded_address(

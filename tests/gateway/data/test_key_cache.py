@@ -15,12 +15,12 @@ from redis.asyncio import Redis
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.auth import generate_key
-from gateway.db import keys as key_queries
-from gateway.db.session import create_engine, create_sessionmaker
-from gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
-from gateway.key_cache import KeyCache, publish_invalidation
-from gateway.settings import Settings
+from sluicegate.gateway.db import keys as key_queries
+from sluicegate.gateway.db.session import create_engine, create_sessionmaker
+from sluicegate.gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
+from sluicegate.gateway.keys.cache import KeyCache, publish_invalidation
+from sluicegate.gateway.keys.records import generate_key
+from sluicegate.gateway.settings import Settings
 
 
 async def _new_key(

@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import ApiKey, AuditEntry
-from gateway.errors import AuthenticationFailed
-from gateway.key_cache import KeyCache
-from gateway.keys_cli import main
-from gateway.settings import Settings
+from sluicegate.gateway.db.models import ApiKey, AuditEntry
+from sluicegate.gateway.errors import AuthenticationFailed
+from sluicegate.gateway.keys.cache import KeyCache
+from sluicegate.gateway.keys.cli import main
+from sluicegate.gateway.settings import Settings
 
 
 @pytest.fixture(autouse=True)

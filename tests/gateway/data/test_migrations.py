@@ -12,9 +12,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, inspect
 
-from gateway.db.migrate import downgrade, upgrade
-from gateway.db.models import metadata
-from gateway.db.session import create_engine
+from sluicegate.gateway.db.migrate import downgrade, upgrade
+from sluicegate.gateway.db.models import metadata
+from sluicegate.gateway.db.session import create_engine
 
 TABLES = {
     "api_keys",
@@ -64,7 +64,7 @@ def test_sluicegate_migrate_works_from_any_directory(
 ) -> None:
     env = {**os.environ, "SLUICEGATE_DATABASE_URL": fresh_database_url}
     result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "migrate"],
+        [sys.executable, "-m", "sluicegate.gateway.cli", "migrate"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -76,6 +76,6 @@ def test_sluicegate_migrate_works_from_any_directory(
 
 
 def test_sluicegate_migrate_reports_an_unreachable_database() -> None:
-    from gateway.db.migrate import main
+    from sluicegate.gateway.db.migrate import main
 
     assert main(["--database-url", "postgresql+asyncpg://postgres@127.0.0.1:1/none"]) == 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.pricing import Price, from_micros, prices_from_config, to_micros
+from sluicegate.gateway.usage.pricing import Price, from_micros, prices_from_config, to_micros
 
 
 def test_amounts_convert_to_micro_units_exactly() -> None:

@@ -15,8 +15,8 @@ import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from sluicegate.gateway.app import create_app
+from sluicegate.gateway.settings import Settings
 
 Client = AsyncTestClient[Litestar]
 

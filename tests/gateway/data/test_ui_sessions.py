@@ -14,7 +14,7 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.usage import insert_usage
+from sluicegate.gateway.db.usage import insert_usage
 
 from .usage_rows import usage_row
 

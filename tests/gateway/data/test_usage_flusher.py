@@ -18,11 +18,11 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.db.models import UsageDaily, UsageRecord
-from gateway.db.session import create_engine, create_sessionmaker
-from gateway.settings import Settings
-from gateway.telemetry import USAGE_FLUSH_LAG
-from gateway.usage import FLUSHER_GROUP, UsageEvent, UsageFlusher, UsageRecorder
+from sluicegate.gateway.db.models import UsageDaily, UsageRecord
+from sluicegate.gateway.db.session import create_engine, create_sessionmaker
+from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.telemetry import USAGE_FLUSH_LAG
+from sluicegate.gateway.usage.stream import FLUSHER_GROUP, UsageEvent, UsageFlusher, UsageRecorder
 
 KEY_ID = str(uuid.uuid4())
 

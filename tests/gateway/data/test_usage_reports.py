@@ -15,10 +15,10 @@ from litestar.testing import AsyncTestClient
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.app import create_app
-from gateway.db.usage import insert_usage
-from gateway.settings import Settings
-from gateway.usage import UsageEvent, UsageRecorder
+from sluicegate.gateway.app import create_app
+from sluicegate.gateway.db.usage import insert_usage
+from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.usage.stream import UsageEvent, UsageRecorder
 
 from .usage_rows import usage_row
 

@@ -1,4 +1,4 @@
-"""Committed usage rows as the data tests insert them (``gateway.db.usage.insert_usage``)."""
+"""Committed usage rows as the data tests insert them (``sluicegate.gateway.db.usage.insert_usage``)."""
 
 from __future__ import annotations
 

@@ -14,12 +14,12 @@ import pytest
 import redis
 from botocore.credentials import Credentials
 
-from gateway.providers.anthropic import AnthropicProvider
-from gateway.providers.azure import AzureProvider
-from gateway.providers.bedrock import BedrockProvider
-from gateway.providers.gemini import GeminiProvider
-from gateway.providers.hosted import Sessions
-from gateway.usage import EVENT_FIELD, UsageEvent
+from sluicegate.gateway.providers.anthropic import AnthropicProvider
+from sluicegate.gateway.providers.azure import AzureProvider
+from sluicegate.gateway.providers.bedrock import BedrockProvider
+from sluicegate.gateway.providers.gemini import GeminiProvider
+from sluicegate.gateway.providers.hosted import Sessions
+from sluicegate.gateway.usage.stream import EVENT_FIELD, UsageEvent
 
 from ..api.servers import ServerThread
 from . import fake_anthropic, fake_bedrock
@@ -218,9 +218,9 @@ def hosted_gateway(
 
     import yaml
 
-    from gateway.app import create_asgi_app
-    from gateway.db.scratch import scratch_database
-    from gateway.settings import Settings
+    from sluicegate.gateway.app import create_asgi_app
+    from sluicegate.gateway.db.scratch import scratch_database
+    from sluicegate.gateway.settings import Settings
 
     keys = {
         "TEST_ANTHROPIC_KEY": fake_anthropic.API_KEY,

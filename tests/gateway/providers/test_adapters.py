@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.canonical import (
+from sluicegate.gateway.call.response_builder import ResponseBuilder
+from sluicegate.gateway.canonical import (
     ChatRequest,
     Chunk,
     Message,
@@ -24,9 +25,8 @@ from gateway.canonical import (
     ToolResult,
     text_message,
 )
-from gateway.providers.base import ProviderError
-from gateway.providers.openai import OpenAIProvider
-from gateway.response_builder import ResponseBuilder
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.openai import OpenAIProvider
 
 from ..api.servers import ServerThread, Upstream
 from . import fake_anthropic

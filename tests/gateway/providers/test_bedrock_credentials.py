@@ -16,11 +16,11 @@ from typing import Any, TypeVar
 import pytest
 from botocore.session import Session
 
-from gateway.canonical import ChatRequest, text_message
-from gateway.providers.aws_credentials import AwsCredentials
-from gateway.providers.base import ProviderError
-from gateway.providers.bedrock import BedrockProvider
-from gateway.providers.hosted import Sessions
+from sluicegate.gateway.canonical import ChatRequest, text_message
+from sluicegate.gateway.providers.aws_credentials import AwsCredentials
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.bedrock import BedrockProvider
+from sluicegate.gateway.providers.hosted import Sessions
 
 from ..api.servers import ServerThread, serve_lifespan
 from . import fake_bedrock

@@ -12,7 +12,7 @@ import anthropic
 import pytest
 import redis
 
-from gateway.usage import EVENT_FIELD
+from sluicegate.gateway.usage.stream import EVENT_FIELD
 
 from .claude_inputs import SAY, THINK, WEATHER
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from engine import protocol
-from gateway.providers.engine_workers import EngineWorkers
+from sluicegate.engine import protocol
+from sluicegate.gateway.providers.engine_workers import EngineWorkers
 
 
 def beat(worker: str, age_s: float, queue_ms: float, num_waiting: int) -> protocol.Heartbeat:

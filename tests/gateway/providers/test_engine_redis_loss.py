@@ -18,13 +18,13 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from engine import protocol
-from gateway.canonical import ChatRequest, Sampling
-from gateway.errors import ServiceUnavailable
-from gateway.providers.base import ProviderError
-from gateway.providers.engine import EngineProvider
-from gateway.routing import Deployment, ModelRoute, Router
-from gateway.settings import Settings
+from sluicegate.engine import protocol
+from sluicegate.gateway.canonical import ChatRequest, Sampling
+from sluicegate.gateway.errors import ServiceUnavailable
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.engine import EngineProvider
+from sluicegate.gateway.routing.router import Deployment, ModelRoute, Router
+from sluicegate.gateway.settings import Settings
 
 TTL_S = 1.0
 CACHE_S = 0.3

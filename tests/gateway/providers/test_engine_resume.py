@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from engine import protocol
-from gateway.canonical import ChatRequest, Sampling
-from gateway.providers.base import ProviderError
-from gateway.providers.engine import EngineProvider
-from gateway.settings import Settings
+from sluicegate.engine import protocol
+from sluicegate.gateway.canonical import ChatRequest, Sampling
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.engine import EngineProvider
+from sluicegate.gateway.settings import Settings
 
 
 @pytest.fixture

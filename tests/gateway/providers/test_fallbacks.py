@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.usage import UsageEvent
+from sluicegate.gateway.usage.stream import UsageEvent
 
 
 def ask(gateway: tuple[str, str], model: str, text: str = "hi", **extra: Any) -> httpx.Response:

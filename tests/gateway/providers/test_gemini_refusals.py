@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway.canonical import ChatRequest, text_message
-from gateway.providers.base import ProviderError
+from sluicegate.gateway.canonical import ChatRequest, text_message
+from sluicegate.gateway.providers.base import ProviderError
 
 from .conftest import ProviderFactory
 from .fake_gemini import BAD_KEY_MESSAGE
@@ -45,7 +45,7 @@ async def test_a_refused_deployment_is_retryable_and_its_reason_is_logged_only(
     stream: bool,
 ) -> None:
     provider = make_provider("gemini", model, **({"api_key": key} if key else {}))
-    with caplog.at_level(logging.WARNING, logger="gateway.providers"):
+    with caplog.at_level(logging.WARNING, logger="sluicegate.gateway.providers"):
         error = await _fail(provider, stream)
     assert error.retryable, "another deployment may serve the request"
     assert error.status_code == 502 and error.code == "upstream_error"

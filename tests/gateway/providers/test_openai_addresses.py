@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.canonical import ChatRequest, text_message
-from gateway.providers.base import ProviderError
-from gateway.providers.openai import OpenAIProvider
+from sluicegate.gateway.canonical import ChatRequest, text_message
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.openai import OpenAIProvider
 
 from ..api.servers import ServerThread, dead_port, read_body, serve_lifespan
 
@@ -60,7 +60,7 @@ async def test_an_unreachable_upstream_is_logged_without_its_address(
         name="dead-deployment", base_url=f"http://127.0.0.1:{port}/v1", model="m", client=client
     )
     try:
-        with caplog.at_level(logging.DEBUG, logger="gateway.providers"):
+        with caplog.at_level(logging.DEBUG, logger="sluicegate.gateway.providers"):
             with pytest.raises(ProviderError) as caught:
                 await _ask(provider, stream)
     finally:

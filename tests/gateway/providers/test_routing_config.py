@@ -6,8 +6,8 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from gateway.routing import ConfigError, Router
-from gateway.settings import Settings
+from sluicegate.gateway.routing.router import ConfigError, Router
+from sluicegate.gateway.settings import Settings
 
 
 @pytest.fixture

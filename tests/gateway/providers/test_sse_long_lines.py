@@ -9,9 +9,16 @@ from typing import Any
 
 import pytest
 
-from gateway.canonical import ChatRequest, Chunk, Thinking, Tool, ToolChoice, text_message
-from gateway.providers.base import ProviderError
-from gateway.providers.hosted import SSE_MAX_LINE_BYTES
+from sluicegate.gateway.canonical import (
+    ChatRequest,
+    Chunk,
+    Thinking,
+    Tool,
+    ToolChoice,
+    text_message,
+)
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.hosted import SSE_MAX_LINE_BYTES
 
 from .conftest import ProviderFactory
 

@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.canonical import ChatRequest, Message, TextPart
-from gateway.providers.anthropic import AnthropicProvider
-from gateway.providers.base import ProviderError
-from gateway.providers.hosted import Sessions
-from gateway.providers.openai import OpenAIProvider
+from sluicegate.gateway.canonical import ChatRequest, Message, TextPart
+from sluicegate.gateway.providers.anthropic import AnthropicProvider
+from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.hosted import Sessions
+from sluicegate.gateway.providers.openai import OpenAIProvider
 from tests.gateway.api.servers import ServerThread, read_body, serve_lifespan
 
 from .fake_common import send_bytes, sse, start_stream

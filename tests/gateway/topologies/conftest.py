@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.demo_model import create_demo_model
-from engine.redis_client import async_client, pubsub_client
-from engine.worker import Worker, WorkerOptions
-from gateway.app import create_asgi_app
-from gateway.settings import Settings
+from sluicegate.engine.demo_model import create_demo_model
+from sluicegate.engine.redis_client import async_client, pubsub_client
+from sluicegate.engine.serving.async_engine import AsyncEngine
+from sluicegate.engine.worker import Worker, WorkerOptions
+from sluicegate.gateway.app import create_asgi_app
+from sluicegate.gateway.settings import Settings
 from tests.gateway.api.servers import ServerThread
 
 

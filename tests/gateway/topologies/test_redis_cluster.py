@@ -11,9 +11,9 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from engine import protocol
-from engine.redis_client import async_client, sync_client
-from gateway.redis_batch import CommandBatcher
+from sluicegate.engine import protocol
+from sluicegate.engine.redis_client import async_client, sync_client
+from sluicegate.gateway.redis.batch import CommandBatcher
 
 from .redis_servers import SLOW_INCR, ClusterOfThree
 
@@ -122,7 +122,7 @@ def test_keys_used_together_share_a_slot() -> None:
 
 
 async def test_batched_commands_reach_their_slots_on_the_cluster(cluster: ClusterOfThree) -> None:
-    """The request path's batches (gateway.redis_batch) mix keys of every slot: the cluster
+    """The request path's batches (sluicegate.gateway.redis.batch) mix keys of every slot: the cluster
     pipeline sends each command to its node and the replies come back in order."""
     client = async_client(cluster.url)
     batcher = CommandBatcher(client)

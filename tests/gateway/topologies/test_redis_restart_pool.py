@@ -1,4 +1,4 @@
-"""A single Redis restarted under an asyncio client of engine/redis_client.py (the gateway's):
+"""A single Redis restarted under an asyncio client of sluicegate/engine/redis_client.py (the gateway's):
 the connections it pooled before the restart are found closed when taken from the pool, so no
 command fails on one, and none runs twice (the gateway's admission script must not)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine.redis_client import async_client
+from sluicegate.engine.redis_client import async_client
 
 from .redis_servers import _Servers, free_ports
 

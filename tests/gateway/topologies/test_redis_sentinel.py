@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.redis_client import parse_redis_url, sync_client
+from sluicegate.engine.redis_client import parse_redis_url, sync_client
 
 from .redis_servers import SENTINEL_SERVICE, SentinelPair
 

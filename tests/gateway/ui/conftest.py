@@ -21,9 +21,9 @@ import pytest
 import yaml
 from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
 
-from gateway.app import create_asgi_app
-from gateway.db.scratch import execute_autocommit, scratch_database
-from gateway.settings import Settings
+from sluicegate.gateway.app import create_asgi_app
+from sluicegate.gateway.db.scratch import execute_autocommit, scratch_database
+from sluicegate.gateway.settings import Settings
 
 from ..api.servers import ServerThread
 

@@ -13,11 +13,11 @@ import httpx
 import redis
 from playwright.sync_api import BrowserContext, Locator, Page, expect
 
-from engine import protocol
-from gateway.db.session import create_engine, create_sessionmaker
-from gateway.db.usage import insert_usage
-from gateway.pricing import Price
-from gateway.settings import Settings
+from sluicegate.engine import protocol
+from sluicegate.gateway.db.session import create_engine, create_sessionmaker
+from sluicegate.gateway.db.usage import insert_usage
+from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.usage.pricing import Price
 
 from .conftest import Admin, run_async
 

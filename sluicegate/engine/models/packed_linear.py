@@ -1,0 +1,24 @@
+"""``PackedLinear``: an ``nn.Linear`` run by the compiled packed-weight product
+(``sluicegate.kernels.cpu_linear``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class PackedLinear(nn.Module):
+    """An ``nn.Linear`` whose weight and bias were packed once for ``sluicegate.kernels.cpu_linear``;
+    ``gated``: a gated MLP's gate_up_proj, returning silu(gate) * up (half as wide)."""
+
+    def __init__(self, linear: nn.Linear, gated: bool = False) -> None:
+        from sluicegate.kernels import cpu_linear
+
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features // 2 if gated else linear.out_features
+        self._linear = cpu_linear.linear
+        self.packed = cpu_linear.pack(linear.weight, linear.bias, gated=gated)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, self.packed)

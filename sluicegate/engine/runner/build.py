@@ -1,0 +1,70 @@
+"""An engine's model and model runner: load the weights, pick the linears, cap the context
+and size the runner (KV cache, compilation, CUDA graphs) from ``EngineOptions``."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from sluicegate.engine.models import load_model
+from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
+from sluicegate.engine.models.llama import LlamaForCausalLM
+from sluicegate.engine.options import EngineOptions
+from sluicegate.engine.runner.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from sluicegate.engine.models.transformers_backend import TransformersCausalLM
+
+    Model = LlamaForCausalLM | TransformersCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+def load_engine_model(model: str | Path, device: torch.device, options: EngineOptions) -> Model:
+    loaded = load_model(model, device, options.dtype, options.model_impl)
+    # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
+    compiling = options.cpu_compile and not options.enforce_eager
+    if not compiling:
+        kind = resolve_cpu_linears(options.cpu_linears, loaded)
+        if swap_cpu_linears(loaded, kind):
+            logger.info("CPU linears: %s", kind)
+    return loaded
+
+
+def context_length(model: Model, options: EngineOptions) -> int:
+    config = model.config
+    length = options.max_model_len or config.max_position_embeddings
+    if config.sliding_window and length > config.sliding_window:
+        logger.warning(
+            "context length capped at the model's sliding window of %d tokens",
+            config.sliding_window,
+        )
+        length = config.sliding_window
+    return length
+
+
+def build_runner(
+    model: Model, device: torch.device, options: EngineOptions, max_model_len: int
+) -> ModelRunner:
+    # The native models only: the transformers backend reads sequence lengths on the
+    # host inside its forward, which neither a CUDA graph nor Dynamo can hold.
+    compilable = isinstance(model, LlamaForCausalLM)
+    return ModelRunner(
+        model,
+        device,
+        block_size=options.block_size,
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        num_kv_blocks=options.num_kv_blocks,
+        kv_cache_memory=options.kv_cache_memory,
+        gpu_memory_utilization=options.gpu_memory_utilization,
+        attention_backend=options.attention_backend,
+        compile_model=compilable
+        and not options.enforce_eager
+        and (device.type == "cuda" or options.cpu_compile),
+        cuda_graphs=compilable and not options.enforce_eager and device.type == "cuda",
+    )

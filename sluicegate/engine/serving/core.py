@@ -1,0 +1,418 @@
+"""The step loop shared by ``LLM`` and ``AsyncEngine``: schedule -> forward -> sample ->
+postprocess -> detokenize and stop strings. Single-threaded: callers serialise access."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sluicegate.engine.core.config import SchedulerConfig
+from sluicegate.engine.core.scheduler import Scheduler
+from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.options import EngineOptions, resolve_device
+from sluicegate.engine.protocol import Usage
+from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
+from sluicegate.engine.runner.input_batch import StepArrays
+from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
+from sluicegate.engine.sample.guided import TokenBitmask
+from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
+from sluicegate.engine.sample.params import SamplingParams
+from sluicegate.engine.sample.sampler import Sampler
+from sluicegate.engine.sample.slots import BatchRows, derived_seed
+from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings, fill_text
+from sluicegate.engine.serving.request_options import RequestOptions
+from sluicegate.engine.text.choices import Choice, RequestGroup
+from sluicegate.engine.text.prompts import prompt_ids
+from sluicegate.engine.text.reasoning import template_has_reasoning
+from sluicegate.engine.text.tokenizer import Tokenizer
+from sluicegate.engine.text.tool_parsers import detect_tool_parser, make_tool_parser
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Launched:
+    """A step on the device whose sampled tokens have not been read yet."""
+
+    output: SchedulerOutput
+    sampling_items: list[ScheduledSequence]
+    step: StepArrays
+    sampled: SampledBatch
+    forked: bool
+
+
+class EngineCore:
+    def __init__(self, model: str | Path, options: EngineOptions | None = None) -> None:
+        options = options or EngineOptions()
+        self.options = options
+        self.device = resolve_device(options.device)
+        if self.device.type == "cpu" and options.num_threads:
+            torch.set_num_threads(options.num_threads)
+        self.tokenizer = Tokenizer(model)
+        self.model = load_engine_model(model, self.device, options)
+        config = self.model.config
+        max_model_len = context_length(self.model, options)
+        self.runner = build_runner(self.model, self.device, options, max_model_len)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                num_kv_blocks=self.runner.num_kv_blocks,
+                max_model_len=max_model_len,
+                block_size=options.block_size,
+                max_num_seqs=options.max_num_seqs,
+                max_num_batched_tokens=options.max_num_batched_tokens,
+                enable_prefix_caching=options.enable_prefix_caching,
+                max_waiting=options.max_waiting,
+            )
+        )
+        self.sampler = Sampler(self.device, options.seed, max_rows=options.max_num_seqs)
+        self.eos_token_ids = self.tokenizer.eos_token_ids | set(config.eos_token_ids)
+        template = self.tokenizer.chat_template
+        self.tool_parser = options.tool_parser or detect_tool_parser(template)
+        if self.tool_parser is not None:
+            make_tool_parser(self.tool_parser)  # an unknown name fails at startup
+        self.reasoning = template_has_reasoning(template)
+        self.grammars = GrammarCompiler(
+            self.tokenizer.hf, config.vocab_size, sorted(self.eos_token_ids)
+        )
+        # Each token's bytes (for logprobs) come from a table built once, off the step loop.
+        self.grammars.background(lambda: self.tokenizer.token_bytes(0))
+        self.bitmask = TokenBitmask(config.vocab_size, options.max_num_seqs)
+        self._requests: dict[str, Choice] = {}
+        """Live choices by sequence id; a request's choice 0 has the request's own id."""
+        self._groups: dict[str, RequestGroup] = {}
+        self._num_guided = 0
+        self._num_unforked = 0
+        """Live requests (n > 1) whose choices are still to be forked from choice 0."""
+        """Live choices with a grammar guide: while there are any, steps do not overlap."""
+        self.async_scheduling = (
+            self.device.type == "cuda"
+            if options.async_scheduling is None
+            else options.async_scheduling
+        )
+        self._in_flight: _Launched | None = None
+        self.num_generated_tokens = 0
+        self.started_at = time.monotonic()
+        self.step_time_s = 0.0
+        """Recent step duration (EWMA, the latest weighing 0.2; 0 until a step completed)."""
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def prompt_ids(
+        self,
+        prompt: str | None = None,
+        prompt_token_ids: list[int] | None = None,
+        messages: list[Any] | None = None,
+        options: RequestOptions | None = None,
+    ) -> list[int]:
+        return prompt_ids(
+            self.tokenizer,
+            self.model.config.vocab_size,
+            prompt,
+            prompt_token_ids,
+            messages,
+            options,
+        )
+
+    def grammar_spec(self, options: RequestOptions) -> GrammarSpec | None:
+        """What the request's output must match, or None (see ``sluicegate.engine.sample.grammar``)."""
+        return request_grammar_spec(options, self.tool_parser)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        options: RequestOptions | None = None,
+        compiled_grammar: object | None = None,
+        chat: bool = False,
+        *,
+        resume_token_ids: list[int] | None = None,
+    ) -> Sequence:
+        """Queue a request; raises ``RequestRejected`` if it can never run here. A grammar the
+        options need is compiled here unless ``compiled_grammar`` brings it already. Thinking
+        text is told apart only in ``chat`` requests (a raw prompt's reply is all text).
+
+        A resumed request continues after ``resume_token_ids`` (outputs an earlier attempt
+        streamed): it goes on exactly as the uninterrupted request would, and its deltas carry
+        only what comes after."""
+        options = options or RequestOptions()
+        vocab = self.model.config.vocab_size
+        if params.logit_bias and any(not 0 <= t < vocab for t in params.logit_bias):
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        resumed = list(resume_token_ids or [])
+        if any(not 0 <= t < vocab for t in resumed):
+            raise ValueError(f"resume token ids must be in [0, {vocab})")
+        if resumed and options.n > 1:
+            raise ValueError("a request with n > 1 cannot be resumed")
+        if compiled_grammar is None:
+            spec = self.grammar_spec(options)
+            compiled_grammar = self.grammars.compile(spec) if spec is not None else None
+        seq = Sequence(
+            request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
+        )
+        self.scheduler.add(seq)
+        group = RequestGroup(
+            request_id,
+            options.n,
+            params,
+            options,
+            compiled_grammar,
+            unforked=options.n > 1,
+            reasoning=chat and self.reasoning,
+        )
+        self._groups[request_id] = group
+        self._num_unforked += group.unforked
+        choice = self._start_choice(group, seq, 0)
+        if resumed:
+            choice.replay(resumed)
+        return seq
+
+    def _start_choice(self, group: RequestGroup, seq: Sequence, index: int) -> Choice:
+        choice = Choice.start(group, seq, index, self.tokenizer, self.tool_parser)
+        self._requests[seq.request_id] = choice
+        self._num_guided += choice.guide is not None
+        return choice
+
+    def abort(self, request_id: str) -> list[RequestDelta]:
+        """Free the request's blocks now; the final delta of every choice still open (none if
+        the request is not in flight)."""
+        group = self._groups.get(request_id)
+        if group is None:
+            return []
+        deltas = []
+        live = {r.index: r for r in self._requests.values() if r.group is group}
+        for index in range(group.n):
+            if index in group.finished:
+                continue
+            request = live.get(index)
+            if request is not None:
+                self.scheduler.abort(request.seq.request_id)
+                deltas.append(self._final_delta(request, RequestDelta(request_id), "abort"))
+            else:
+                deltas.append(self._close_unstarted_choice(group, index))
+        return deltas
+
+    def _close_unstarted_choice(self, group: RequestGroup, index: int) -> RequestDelta:
+        delta = RequestDelta(group.request_id, index=index, finish_reason="abort")
+        delta.usage = Usage(0, group.completion_tokens, group.num_cached_tokens)
+        delta.done = group.finish(index)
+        if delta.done:
+            self._drop_group(group)
+        return delta
+
+    def _drop_group(self, group: RequestGroup) -> None:
+        del self._groups[group.request_id]
+        if group.unforked:  # ended before its prompt was done: it never forks
+            group.unforked = False
+            self._num_unforked -= 1
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or self._in_flight is not None
+
+    def live_request_ids(self) -> list[str]:
+        return list(self._groups)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestDelta]:
+        """Schedule and launch one step; return the deltas of the step that completed.
+
+        Without async scheduling that is the step just launched. With it, the step launched
+        here is scheduled and prepared while the previous one may still run on the device
+        (its sampled tokens are placeholders on the host and are fed to this step's inputs
+        on the device); then the previous one is completed (read back, stop checks,
+        detokenized) while this one runs, and its deltas are returned. A step that forked
+        choices, or any live grammar-guided request (whose next mask needs the token just
+        sampled), completes before the next one is scheduled."""
+        began = time.perf_counter()
+        deltas: list[RequestDelta] = []
+        previous, self._in_flight = self._in_flight, None
+        completes = previous is not None
+        if previous is not None and self._num_guided:
+            deltas += self._complete(previous)
+            previous = None
+        output = self.scheduler.schedule()
+        launched = None if output.is_empty else self._launch(output)
+        if previous is not None:
+            deltas += self._complete(previous)
+        if launched is not None:
+            if self.async_scheduling and not launched.forked and not self._num_guided:
+                self._in_flight = launched
+            else:
+                deltas += self._complete(launched)
+                completes = True
+        if completes:  # a call that waited for a step on the device lasts about one step
+            elapsed = time.perf_counter() - began
+            self.step_time_s += (elapsed - self.step_time_s) * (0.2 if self.step_time_s else 1)
+        return deltas
+
+    def _launch(self, output: SchedulerOutput) -> _Launched:
+        """Forward and sample ``output`` on the device, and do the bookkeeping that needs
+        no sampled token; nothing here waits for the device."""
+        logits = self.runner.run(output)
+        step = self.runner.last_step
+        assert step is not None
+        sampling_items = [item for item in output.scheduled if item.samples]
+        forked_rows: list[int] = []
+        constrain = None
+        # Choices to fork and grammars to apply are rare: most steps skip both passes.
+        if self._num_unforked or self._num_guided:
+            requests = [self._requests.get(item.seq.request_id) for item in sampling_items]
+            forked_rows = self._fork_choices(sampling_items, requests, output.scheduled)
+            if forked_rows:
+                rows = torch.tensor(forked_rows, device=logits.device)
+                logits = torch.cat([logits, logits.index_select(0, rows)])
+            guides = [r.guide if r is not None else None for r in requests]
+            if any(g is not None and g.active for g in guides):
+                constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
+        rows = BatchRows(step.sampling_batch_rows, step.sampling_generations,
+                         step.sampling_positions)  # fmt: skip
+        seqs = [item.seq for item in sampling_items]
+        sampled = self.sampler.sample(logits, seqs, constrain, rows)
+        # The forked choices' rows come last; the runner tracks only its own rows.
+        self.runner.mark_pending(step, sampled.tokens)
+        self.scheduler.advance(output)
+        return _Launched(output, sampling_items, step, sampled, bool(forked_rows))
+
+    def _complete(self, launched: _Launched) -> list[RequestDelta]:
+        """Read a launched step's tokens (its one wait for the device), put them in place of
+        their placeholders, and turn them into deltas."""
+        result = launched.sampled.read()
+        self.runner.record_sampled(launched.step, result.token_ids)
+        self.scheduler.record(launched.output, result.token_ids)
+        deltas: list[RequestDelta] = []
+        for item, logprobs in zip(launched.sampling_items, result.logprobs, strict=True):
+            request = self._requests.get(item.seq.request_id)
+            if request is not None and item.token_index is not None:
+                deltas.append(self._advance(request, logprobs, item.token_index + 1))
+        return deltas
+
+    def _fork_choices(
+        self,
+        sampling_items: list[ScheduledSequence],
+        requests: list[Choice | None],
+        scheduled: list[ScheduledSequence],
+    ) -> list[int]:
+        """Create choices 1..n-1 of every request whose prompt this step finished: they share
+        its full KV blocks and get a copy of the partly filled last one, then sample from the
+        same logits row. Appends them to the step's items; returns the rows they sample."""
+        rows: list[int] = []
+        for row in range(len(sampling_items)):
+            request = requests[row]
+            if request is None or not request.group.unforked:
+                continue
+            group, parent, item = request.group, request.seq, sampling_items[row]
+            group.unforked = False
+            self._num_unforked -= 1
+            for index in range(1, group.n):
+                params = group.params
+                if params.seed is not None:
+                    params = replace(params, seed=derived_seed(params.seed, index))
+                child = Sequence(
+                    f"{group.request_id}\x1f{index}",
+                    parent.prompt_token_ids,
+                    params,
+                    self.eos_token_ids,
+                    arrival_time=parent.arrival_time,
+                )
+                copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
+                self._start_choice(group, child, index)
+                if copies is None:
+                    continue  # no free block: it computes its own prompt (prefix-cache hits)
+                self.runner.copy_blocks(copies)
+                child_item = ScheduledSequence(child, item.num_new_tokens)
+                sampling_items.append(child_item)
+                scheduled.append(child_item)
+                requests.append(self._requests[child.request_id])
+                rows.append(row)
+        return rows
+
+    def _advance(self, request: Choice, logprobs: TokenLogprobs | None, end: int) -> RequestDelta:
+        """The delta of one choice's tokens up to ``end`` (a later step's placeholder may
+        follow them already)."""
+        seq = request.seq
+        group = request.group
+        new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens : end]
+        if new_tokens and seq.first_token_time is None:
+            seq.first_token_time = time.monotonic()
+        request.delivered_tokens += len(new_tokens)
+        group.completion_tokens += len(new_tokens)
+        self.num_generated_tokens += len(new_tokens)
+        delta = RequestDelta(
+            group.request_id,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            token_ids=new_tokens,
+            index=request.index,
+        )
+        if logprobs is not None:
+            delta.logprobs.append(logprobs)
+        # Ended by this token (length, EOS, stop token). A sequence can also be finished
+        # by a later step still in flight (its length reached there): not yet ours to end.
+        done = seq.is_finished and end >= seq.num_tokens
+        stop = False
+        for token in new_tokens:
+            if not request.accept(token) and not done:
+                logger.error("%s: the grammar refused token %d", seq.request_id, token)
+                stop = True
+        stop |= request.guide is not None and request.guide.terminated
+        detokenizer = request.detokenizer
+        for token in new_tokens:
+            detokenizer.add_token(token)
+        stop |= detokenizer.stopped
+        if stop and not done:
+            if seq.is_finished:
+                seq.finish_reason = "stop"  # ends here, before the later step's length
+            else:
+                self.scheduler.finish(seq, "stop")
+            done = True
+        if done:
+            return self._final_delta(request, delta, seq.finish_reason or "stop")
+        fill_text(delta, request.route(detokenizer.pop_delta()))
+        return delta
+
+    def _final_delta(self, request: Choice, delta: RequestDelta, reason: str) -> RequestDelta:
+        seq = request.seq
+        group = request.group
+        del self._requests[seq.request_id]
+        self._num_guided -= request.guide is not None
+        delta.index = request.index
+        fill_text(delta, request.route(request.detokenizer.pop_delta(final=True), final=True))
+        if reason == "stop" and request.output is not None and request.output.num_tool_calls:
+            reason = "tool_calls"
+        delta.finish_reason = reason
+        if reason == "stop":
+            delta.stop_sequence = request.detokenizer.stopped_by
+        if request.index == 0:
+            group.num_cached_tokens = seq.num_cached_tokens
+        delta.done = group.finish(request.index)
+        if delta.done:
+            self._drop_group(group)
+        delta.usage = Usage(
+            prompt_tokens=seq.num_prompt_tokens,
+            completion_tokens=group.completion_tokens,
+            cached_tokens=group.num_cached_tokens,
+        )
+        delta.timings = RequestTimings(
+            arrival=seq.arrival_time,
+            first_scheduled=seq.first_scheduled_time,
+            first_token=seq.first_token_time,
+            finished=time.monotonic(),
+            num_preemptions=seq.num_preemptions,
+        )
+        return delta
+
+    # -- state ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.scheduler.stats()
+        stats["kv_block_size"] = self.options.block_size
+        stats["num_generated_tokens"] = self.num_generated_tokens
+        stats["thinking"] = self.reasoning
+        stats["step_time_s"] = self.step_time_s
+        return stats

@@ -1,0 +1,1 @@
+"""Admission in one Redis round trip: limits, their key names, Lua scripts, replies, speculation."""

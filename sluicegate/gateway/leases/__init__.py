@@ -1,0 +1,1 @@
+"""Crash-safe settlement: the leases each admission leaves, this replica's book, the reaper."""

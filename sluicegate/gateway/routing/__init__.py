@@ -1,0 +1,1 @@
+"""Public model names to deployments: the routing file, discovery, selection, fallbacks, streams."""

@@ -1,0 +1,1 @@
+"""Usage accounting: events on a Redis stream, the flusher into PostgreSQL, prices."""

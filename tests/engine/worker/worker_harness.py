@@ -1,0 +1,86 @@
+"""An in-process engine worker on the real local Redis, for tests that speak the wire protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from sluicegate.engine import protocol
+from sluicegate.engine.serving.async_engine import AsyncEngine
+from sluicegate.engine.worker import Worker, WorkerOptions
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class WorkerHarness:
+    def __init__(
+        self, redis: aioredis.Redis, model: str, engine: AsyncEngine, worker: Worker
+    ) -> None:
+        self.redis = redis
+        self.model = model
+        self.engine = engine
+        self.worker = worker
+
+    async def send(self, request: protocol.Request) -> None:
+        await self.redis.xadd(
+            protocol.request_stream(self.model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
+        )
+
+    async def replies(self, request_id: str, timeout_s: float = 60.0) -> list[Any]:
+        """Every reply of a request, up to its last one (a final delta per choice, or an error)."""
+        stream = protocol.reply_stream(request_id)
+        messages: list[Any] = []
+        last_id = "0-0"
+        async with asyncio.timeout(timeout_s):
+            while True:
+                reply = await self.redis.xread({stream: last_id}, block=200)
+                for _, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last_id = entry_id
+                        message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+                        if isinstance(message, protocol.Batch):
+                            messages.extend(message.messages)
+                        else:
+                            messages.append(message)
+                if _complete(messages):
+                    return messages
+
+
+def _complete(messages: list[Any]) -> bool:
+    if any(isinstance(m, protocol.Error) for m in messages):
+        return True
+    finals = [m for m in messages if isinstance(m, protocol.Delta) and m.finish_reason]
+    return bool(finals) and finals[-1].usage is not None and _all_choices_done(messages)
+
+
+def _all_choices_done(messages: list[Any]) -> bool:
+    choices = {m.index for m in messages if isinstance(m, protocol.Delta)}
+    done = {m.index for m in messages if isinstance(m, protocol.Delta) and m.finish_reason}
+    return done == choices and len(done) >= max(choices, default=0) + 1
+
+
+@asynccontextmanager
+async def running_worker(model_dir: Path, **engine_options: Any) -> AsyncIterator[WorkerHarness]:
+    model = f"test-{uuid.uuid4().hex[:10]}"
+    redis = aioredis.from_url(REDIS_URL)
+    engine = AsyncEngine(model_dir, num_kv_blocks=128, **engine_options)
+    await engine.start()
+    worker = Worker(engine, redis, WorkerOptions(model_name=model, worker_id="w1"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield WorkerHarness(redis, model, engine, worker)
+    finally:
+        stop.set()
+        await task
+        await engine.shutdown()
+        keys = [k async for k in redis.scan_iter(f"*{model}*")]
+        if keys:
+            await redis.delete(*keys)
+        await redis.aclose()
