@@ -43,9 +43,7 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('/tmp/pyproject
 FROM base AS source
 WORKDIR /app
 COPY pyproject.toml README.md alembic.ini ./
-COPY gateway ./gateway
-COPY engine ./engine
-COPY kernels ./kernels
+COPY sluicegate ./sluicegate
 COPY migrations ./migrations
 
 FROM base AS engine

@@ -177,7 +177,7 @@ async def run_transport(
     import redis.asyncio as aioredis
 
     from sluicegate.gateway.canonical import ChatRequest, Sampling, text_message
-    from sluicegate.gateway.providers.engine import EngineProvider
+    from sluicegate.gateway.providers.engine.provider import EngineProvider
     from sluicegate.gateway.settings import Settings
 
     client = aioredis.from_url(redis_url)

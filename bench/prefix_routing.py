@@ -34,7 +34,7 @@ import httpx  # noqa: E402
 
 from sluicegate.engine.demo_model import create_demo_model  # noqa: E402
 from sluicegate.gateway.canonical import ChatRequest, Sampling, text_message  # noqa: E402
-from sluicegate.gateway.providers.engine import EngineProvider  # noqa: E402
+from sluicegate.gateway.providers.engine.provider import EngineProvider  # noqa: E402
 from sluicegate.gateway.settings import Settings  # noqa: E402
 from sluicegate.gateway.up import Stack, free_port  # noqa: E402
 

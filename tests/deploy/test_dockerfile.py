@@ -124,7 +124,12 @@ def test_build_context_holds_what_copy_needs_and_nothing_else(
         assert (REPO / source).exists(), source
         assert dockerignore_admits(ignore_patterns, source), source
     assert dockerignore_admits(ignore_patterns, "sluicegate/gateway/cli.py")
-    for kept_out in ("tests", ".git", "charts", "gateway/__pycache__/cli.cpython-311.pyc"):
+    for kept_out in (
+        "tests",
+        ".git",
+        "charts",
+        "sluicegate/gateway/__pycache__/cli.cpython-311.pyc",
+    ):
         assert not dockerignore_admits(ignore_patterns, kept_out), kept_out
 
 

@@ -16,7 +16,7 @@ counted exactly once, and served means delivered to the client.
 - The engine goes on generating after the replica died, until the reaper's Cancel lands
   (``lease_s`` and more later): nobody received those tokens, so they are not billed, though
   the engine spent them (an operator's cost of the crash, in the engine's own metrics).
-- What the replica had read: its reply reader (``sluicegate.gateway.providers.engine_replies``) reads its
+- What the replica had read: its reply reader (``sluicegate.gateway.providers.engine.replies``) reads its
   reply stream as a consumer group with NOACK, so Redis keeps the group's last-delivered id,
   updated by every read at no extra round trip. The reaper takes that id (XINFO GROUPS on the
   stream the lease names, ``Lease.reply_to``), finds each leased request's latest delta at or
@@ -44,7 +44,7 @@ from redis.exceptions import ResponseError
 from sluicegate.engine import protocol
 from sluicegate.gateway.admission.limits import RateLimiter
 from sluicegate.gateway.leases.lease import EXPIRED_LUA, Lease, decoder, lease_hashes_key
-from sluicegate.gateway.providers.engine_replies import REPLY_GROUP
+from sluicegate.gateway.providers.engine.replies import REPLY_GROUP
 from sluicegate.gateway.usage.stream import UsageRecorder
 
 logger = logging.getLogger(__name__)

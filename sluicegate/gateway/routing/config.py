@@ -256,6 +256,6 @@ class RouteFactory:
 
     def engine_provider(self, model: str) -> Provider:
         # Imported here so the HTTP-only gateway works without the transport module loaded.
-        module = importlib.import_module("sluicegate.gateway.providers.engine")
+        module = importlib.import_module("sluicegate.gateway.providers.engine.provider")
         provider: Provider = module.EngineProvider(self._redis, self._settings, model=model)
         return provider

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from sluicegate.engine import protocol
-from sluicegate.gateway.providers.engine_wire import wire_request
+from sluicegate.gateway.providers.engine.wire import wire_request
 from sluicegate.gateway.schemas.chat import ChatCompletionRequest
 
 from .servers import Upstream

@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from sluicegate.gateway.http.protocol import CoalescingHttpToolsProtocol
-
-from .api.servers import ServerThread, read_body, serve_lifespan
+from tests.gateway.api.servers import ServerThread, read_body, serve_lifespan
 
 BODY = b'{"ok": true}'
 

@@ -24,8 +24,8 @@ from sluicegate.gateway.leases.book import LeaseBook
 from sluicegate.gateway.leases.lease import lease_hashes_key
 from sluicegate.gateway.services import Services
 from sluicegate.gateway.usage.stream import UsageFlusher
-from tests.gateway.private_redis import PrivateRedis
 from tests.gateway.leases.test_leases import LEASE_S, Replicas
+from tests.gateway.private_redis import PrivateRedis
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from sluicegate.gateway.admission.scripts import EPOCH_TTL_S
 from sluicegate.gateway.errors import RateLimited
 from sluicegate.gateway.leases.book import LeaseBook
 from sluicegate.gateway.leases.lease import lease_hashes_key
-from sluicegate.gateway.providers.engine_replies import ReplyQueue, ReplyReader
+from sluicegate.gateway.providers.engine.replies import ReplyQueue, ReplyReader
 from sluicegate.gateway.settings import Settings
 from sluicegate.gateway.usage.stream import UsageEvent, UsageRecorder
 from tests.gateway.key_records import key_record

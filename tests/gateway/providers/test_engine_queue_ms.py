@@ -8,7 +8,7 @@ import time
 import pytest
 
 from sluicegate.engine import protocol
-from sluicegate.gateway.providers.engine_workers import EngineWorkers
+from sluicegate.gateway.providers.engine.workers import EngineWorkers
 
 
 def beat(worker: str, age_s: float, queue_ms: float, num_waiting: int) -> protocol.Heartbeat:

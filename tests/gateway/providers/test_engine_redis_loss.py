@@ -22,7 +22,7 @@ from sluicegate.engine import protocol
 from sluicegate.gateway.canonical import ChatRequest, Sampling
 from sluicegate.gateway.errors import ServiceUnavailable
 from sluicegate.gateway.providers.base import ProviderError
-from sluicegate.gateway.providers.engine import EngineProvider
+from sluicegate.gateway.providers.engine.provider import EngineProvider
 from sluicegate.gateway.routing.router import Deployment, ModelRoute, Router
 from sluicegate.gateway.settings import Settings
 

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from sluicegate.engine import protocol
 from sluicegate.gateway.canonical import ChatRequest, Sampling
 from sluicegate.gateway.providers.base import ProviderError
-from sluicegate.gateway.providers.engine import EngineProvider
+from sluicegate.gateway.providers.engine.provider import EngineProvider
 from sluicegate.gateway.settings import Settings
 
 

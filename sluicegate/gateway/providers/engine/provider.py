@@ -29,22 +29,22 @@ from sluicegate.engine import protocol
 from sluicegate.engine.redis_client import async_client
 from sluicegate.gateway.canonical import ChatRequest, Chunk
 from sluicegate.gateway.providers.base import ProviderError, unsupported_field
-from sluicegate.gateway.providers.engine_call import (
+from sluicegate.gateway.providers.engine.call import (
     REDIS_TIMEOUT_S,
     EngineCall,
     WorkerLost,
     redis_down,
 )
-from sluicegate.gateway.providers.engine_liveness import (
+from sluicegate.gateway.providers.engine.liveness import (
     LOST_MESSAGE,
     LivenessWatch,
     resumption,
     transport_down,
 )
-from sluicegate.gateway.providers.engine_replies import TRANSPORT_DOWN, ReplyReader
-from sluicegate.gateway.providers.engine_wire import unsupported, wire_request
-from sluicegate.gateway.providers.engine_workers import EngineWorkers
-from sluicegate.gateway.providers.prefix_affinity import prefix_hashes, render_prompt
+from sluicegate.gateway.providers.engine.prefix_affinity import prefix_hashes, render_prompt
+from sluicegate.gateway.providers.engine.replies import TRANSPORT_DOWN, ReplyReader
+from sluicegate.gateway.providers.engine.wire import unsupported, wire_request
+from sluicegate.gateway.providers.engine.workers import EngineWorkers
 from sluicegate.gateway.settings import Settings
 
 logger = logging.getLogger(__name__)

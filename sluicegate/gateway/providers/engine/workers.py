@@ -25,9 +25,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluicegate.engine import protocol
-from sluicegate.gateway.providers.engine_call import REDIS_TIMEOUT_S, redis_down, text
+from sluicegate.gateway.providers.engine.call import REDIS_TIMEOUT_S, redis_down, text
 
-logger = logging.getLogger("sluicegate.gateway.providers.engine")
+logger = logging.getLogger("sluicegate.gateway.providers.engine.provider")
 
 _WORKERS_CACHE_S = 0.25
 _AFFINITY_TTL_S = 600

@@ -11,7 +11,7 @@ from typing import Any
 from sluicegate.engine import protocol
 from sluicegate.gateway.canonical import Chunk, Usage
 from sluicegate.gateway.providers.base import ProviderError
-from sluicegate.gateway.providers.engine_wire import choice_delta
+from sluicegate.gateway.providers.engine.wire import choice_delta
 
 REDIS_TIMEOUT_S = 2.0
 """How long one Redis command of the provider may take."""

@@ -20,11 +20,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluicegate.engine import protocol
-from sluicegate.gateway.providers.engine_call import REDIS_TIMEOUT_S, EngineCall, WorkerLost
-from sluicegate.gateway.providers.engine_workers import EngineWorkers
+from sluicegate.gateway.providers.engine.call import REDIS_TIMEOUT_S, EngineCall, WorkerLost
+from sluicegate.gateway.providers.engine.workers import EngineWorkers
 from sluicegate.gateway.settings import Settings
 
-logger = logging.getLogger("sluicegate.gateway.providers.engine")
+logger = logging.getLogger("sluicegate.gateway.providers.engine.provider")
 
 LOST_MESSAGE = "The engine worker serving this request was lost."
 _TRANSPORT_GRACE_S = 10.0
