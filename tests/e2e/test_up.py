@@ -68,6 +68,8 @@ def test_up_serves_the_demo_model_and_sigint_stops_everything(
             "-m",
             "sluicegate.gateway.cli",
             "up",
+            "--demo",
+            "random",
             "--data-dir",
             str(data_dir),
             "--port",

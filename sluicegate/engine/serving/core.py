@@ -15,6 +15,7 @@ from sluicegate.engine.core.config import SchedulerConfig
 from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.models.gguf import checkpoint_folder
 from sluicegate.engine.options import EngineOptions, resolve_device
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
@@ -54,6 +55,8 @@ class EngineCore:
         self.device = resolve_device(options.device)
         if self.device.type == "cpu" and options.num_threads:
             torch.set_num_threads(options.num_threads)
+        # A GGUF file is served from the Hugging Face folder it converts to (once).
+        model = checkpoint_folder(model)
         self.tokenizer = Tokenizer(model)
         self.model = load_engine_model(model, self.device, options)
         config = self.model.config

