@@ -1,6 +1,6 @@
 """``sluicegate capacity``: how many sequences a GPU's KV cache holds, reserved vs paged.
 
-Reproduces the seed article's arithmetic for any decoder config (``sluicegate.engine.models.shape``);
+Reproduces the seed article's arithmetic for any decoder config (``sluicegate.engine.model_shape``);
 families without a parameter formula take their count from the folder's safetensors headers:
 
     weights      = parameters x bytes per parameter
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sluicegate.engine.models.shape import ModelShape, checkpoint_param_count
+from sluicegate.engine.model_shape import ModelShape, checkpoint_param_count
 
 __all__ = ["ModelShape", "checkpoint_param_count", "main", "parse_size", "plan_capacity"]
 
