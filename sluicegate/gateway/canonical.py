@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from sluicegate.gateway.schemas.bounds import MAX_USAGE_TOKENS
+
 # ---- content parts ---------------------------------------------------------------------------
 
 
@@ -222,6 +224,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
     thinking: Thinking | None = None
+    max_tokens_param: str = "max_tokens"
+    """The inbound field that set ``sampling.max_tokens``, named by a 400 about it
+    (``max_completion_tokens``, ``max_output_tokens``)."""
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     """Fields outside this model, keyed by their path in the inbound request."""
     passthrough: dict[str, Any] | None = None
@@ -238,6 +243,10 @@ class ChatRequest(msgspec.Struct, kw_only=True):
 
 
 class Usage(msgspec.Struct, omit_defaults=True):
+    """Token counts, as an upstream reported them or the gateway counted them. Every count is
+    clamped into ``[0, MAX_USAGE_TOKENS]`` when the usage is made (or decoded): an upstream's
+    negative or absurd count never reaches a budget counter, a metric or a usage row."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
@@ -247,9 +256,30 @@ class Usage(msgspec.Struct, omit_defaults=True):
     cache_creation_tokens: int = 0
     """Prompt tokens written to a provider's prompt cache (part of ``prompt_tokens``)."""
 
+    def __post_init__(self) -> None:
+        if not (
+            0 <= self.prompt_tokens <= MAX_USAGE_TOKENS
+            and 0 <= self.completion_tokens <= MAX_USAGE_TOKENS
+            and 0 <= self.cached_tokens <= MAX_USAGE_TOKENS
+            and 0 <= self.reasoning_tokens <= MAX_USAGE_TOKENS
+            and 0 <= self.cache_creation_tokens <= MAX_USAGE_TOKENS
+        ):
+            for name in _USAGE_COUNTS:
+                value = min(max(int(getattr(self, name)), 0), MAX_USAGE_TOKENS)
+                setattr(self, name, value)
+
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+
+_USAGE_COUNTS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "cache_creation_tokens",
+)
 
 
 FinishReason = str

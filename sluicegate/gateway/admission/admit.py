@@ -73,6 +73,27 @@ def _refusal(route: ModelRoute, body: ChatRequest, mode: str) -> OpenAIError | N
     return InvalidRequest(first.message, param=first.param)
 
 
+def _check_output_cap(route: ModelRoute, body: ChatRequest, mode: str) -> None:
+    """The 400 for an output cap no deployment can honour: below one token (the schemas refuse
+    it already; a negative reservation would credit the key's budget), or beyond the largest
+    ``context_window`` of the model's deployments when every one declares its window and no
+    context-window fallback could take the request instead."""
+    cap, n, param = body.sampling.max_tokens, body.sampling.n, body.max_tokens_param
+    if cap is None:
+        return
+    if cap < 1:
+        raise InvalidRequest(f"Invalid value for '{param}': {cap} is below 1.", param=param)
+    if n < 1:
+        raise InvalidRequest(f"Invalid value for 'n': {n} is below 1.", param="n")
+    windows = [d.context_window for d in route.deployments if d.mode == mode]
+    if windows and all(windows) and not route.context_window_fallbacks and cap > max(windows):
+        raise InvalidRequest(
+            f"Invalid value for '{param}': {cap} is more than this model's context window "
+            f"of {max(windows)} tokens.",
+            param=param,
+        )
+
+
 async def admit(
     request: Request[Any, Any, Any],
     body: ChatRequest,
@@ -123,6 +144,7 @@ async def admit(
         if mode == "embeddings":
             max_tokens = 0
         else:
+            _check_output_cap(route, body, mode)
             # Without a cap from the client, reserve the default cap; settling corrects it.
             max_tokens = body.sampling.max_tokens or (
                 services.settings.default_max_tokens if chat else TEXT_COMPLETION_MAX_TOKENS

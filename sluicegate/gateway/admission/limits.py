@@ -42,7 +42,7 @@ from sluicegate.gateway.admission.keys import KeyLimits, ScopeLimits, budget_key
 from sluicegate.gateway.admission.replies import REJECTION_REASONS, limit_headers, rejection
 from sluicegate.gateway.admission.scripts import ADMIT_LUA, SEED_LUA, SETTLE_LUA, WINDOW_S
 from sluicegate.gateway.admission.speculation import HeadroomBook
-from sluicegate.gateway.errors import ServiceUnavailable
+from sluicegate.gateway.errors import InvalidRequest, ServiceUnavailable
 from sluicegate.gateway.redis.batch import CommandBatcher
 from sluicegate.gateway.redis.direct import DirectConnection
 from sluicegate.gateway.telemetry import REJECTIONS
@@ -254,8 +254,14 @@ class RateLimiter:
         key and its team, or raise RateLimited / QuotaExceeded. With a ``lease``, the same
         script stores it (``sluicegate.gateway.leases.lease``) and the settle releases it. ``priced``: what
         ``worst_case`` answered for this request, if the caller asked already."""
+        if tokens < 0:
+            # A negative reservation would credit every counter it is booked on: refused
+            # here whatever let it through (the schemas bound every count a client sends).
+            raise InvalidRequest("The request's token reservation must not be negative.")
         prompt = tokens if prompt_tokens is None else prompt_tokens
         price, cost = priced or await self.worst_case(model, prompt, tokens - prompt)
+        if cost < 0:
+            raise InvalidRequest("The request's cost reservation must not be negative.")
         for _ in range(SEED_ATTEMPTS):
             now = time.time()
             booking = self._booking(key, now)
@@ -399,9 +405,11 @@ class RateLimiter:
 def _settle_args(
     admission: Admission, actual_tokens: int, actual_micros: int, remember_s: int
 ) -> list[Any]:
+    # Real counts are never negative: an upstream's report is clamped (canonical.Usage), and
+    # so is whatever reaches this, so a settle can take back at most the reservation.
     return [
-        actual_tokens - admission.reserved_tokens,
-        actual_micros - admission.reserved_micros,
+        max(actual_tokens, 0) - admission.reserved_tokens,
+        max(actual_micros, 0) - admission.reserved_micros,
         admission.request_id,
         admission.epoch,
         admission.reserved_tokens,

@@ -130,7 +130,7 @@ class Call(CallState):
         answer = await self._answer(
             self.prefetched or self.services.router.complete(self.route, self.request)
         )
-        self.delivered_tokens = answer.num_tokens
+        self.delivered_tokens = max(answer.num_tokens, 0)
         self.finish_reason = answer.finish_reason() or "stop"
         # An upstream that reports no usage is billed by the same estimate as prompts (chars/3).
         self.usage = answer.usage or Usage(

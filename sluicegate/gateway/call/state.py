@@ -68,11 +68,12 @@ class CallState:
         if self.first_token_at is None and chunk.is_answer():
             self.first_token_at = time.perf_counter()
         if chunk.has_output():
-            self.delivered_tokens += chunk.num_tokens or 1
+            # A chunk with output counts at least one token, whatever its upstream reported.
+            self.delivered_tokens += chunk.num_tokens if chunk.num_tokens > 0 else 1
         finish_reason = chunk.finish_reason()
         if finish_reason and self.finish_reason is None:
             self.finish_reason = finish_reason
-        if chunk.prompt_tokens:
+        if chunk.prompt_tokens > 0:
             self.prompt_tokens = chunk.prompt_tokens
         if chunk.usage is not None:
             self.usage = chunk.usage

@@ -15,7 +15,15 @@ from msgspec import Meta
 
 from sluicegate.gateway import canonical
 from sluicegate.gateway.errors import InvalidRequest
-from sluicegate.gateway.schemas.sampling import GenerationFields, PositiveInt
+from sluicegate.gateway.schemas.bounds import (
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_TOOLS,
+    MaxTokens,
+    Metadata,
+    TopLogprobs,
+)
+from sluicegate.gateway.schemas.sampling import GenerationFields
 from sluicegate.gateway.schemas.unknown import unknown_paths
 
 # ---- messages --------------------------------------------------------------------------------
@@ -76,9 +84,9 @@ class ToolCallIn(msgspec.Struct):
 
 class ChatMessageIn(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[ContentPart] | None = None
+    content: str | Annotated[list[ContentPart], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = None
-    tool_calls: list[ToolCallIn] | None = None
+    tool_calls: Annotated[list[ToolCallIn], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
     reasoning_content: str | None = None
@@ -124,16 +132,16 @@ class ResponseFormatIn(msgspec.Struct):
 
 
 class ChatCompletionRequest(GenerationFields, kw_only=True):
-    messages: Annotated[list[ChatMessageIn], Meta(min_length=1)]
-    max_completion_tokens: PositiveInt | None = None
-    tools: list[ToolIn] | None = None
+    messages: Annotated[list[ChatMessageIn], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: MaxTokens | None = None
+    tools: Annotated[list[ToolIn], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormatIn | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    top_logprobs: TopLogprobs | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     service_tier: str | None = None
     store: bool | None = None
     modalities: list[str] | None = None
@@ -212,6 +220,9 @@ class ChatCompletionRequest(GenerationFields, kw_only=True):
             verbosity=self.verbosity,
             prompt_cache_key=self.prompt_cache_key,
             safety_identifier=self.safety_identifier,
+            max_tokens_param=(
+                "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+            ),
             extra=extra,
             passthrough=document,
         )

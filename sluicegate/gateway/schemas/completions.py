@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-from msgspec import Meta
 
 from sluicegate.gateway import canonical
 from sluicegate.gateway.errors import InvalidRequest
+from sluicegate.gateway.schemas.bounds import TopLogprobs
 from sluicegate.gateway.schemas.sampling import GenerationFields
 from sluicegate.gateway.schemas.unknown import unknown_paths
 from sluicegate.gateway.schemas.wire import UsageOut
@@ -17,7 +17,7 @@ from sluicegate.gateway.schemas.wire import UsageOut
 class CompletionRequest(GenerationFields, kw_only=True):
     prompt: str | list[str | int]
     """A string, token ids, or a list holding one string (msgspec allows one list type)."""
-    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    logprobs: TopLogprobs | None = None
     """How many most likely tokens to list beside each sampled one (OpenAI allows 0..5)."""
 
     def check(self) -> None:

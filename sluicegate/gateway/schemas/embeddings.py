@@ -10,14 +10,15 @@ from msgspec import Meta
 
 from sluicegate.gateway import canonical
 from sluicegate.gateway.errors import InvalidRequest
+from sluicegate.gateway.schemas.bounds import MAX_EMBEDDING_DIMENSIONS, MAX_EMBEDDING_INPUTS
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
     model: str
-    input: str | list[str | int | list[int]]
+    input: str | Annotated[list[str | int | list[int]], Meta(max_length=MAX_EMBEDDING_INPUTS)]
     """A string, strings, token ids, or lists of token ids (msgspec allows one list type)."""
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: Annotated[int, Meta(ge=1)] | None = None
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_EMBEDDING_DIMENSIONS)] | None = None
     user: str | None = None
 
     def check(self) -> None:

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-from msgspec import Meta
 
 from sluicegate.gateway import canonical
 from sluicegate.gateway.errors import InvalidRequest
-
-PositiveInt = Annotated[int, Meta(ge=1)]
-Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
-Seed = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
-"""OpenAI's seed is a 64-bit integer."""
-Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]
+from sluicegate.gateway.schemas.bounds import (
+    Grammar,
+    GuidedChoice,
+    LogitBias,
+    MaxTokens,
+    MinP,
+    N,
+    OpenAITemperature,
+    Penalty,
+    RepetitionPenalty,
+    SamplerTopK,
+    SamplerTopP,
+    Seed,
+    Stop,
+    StopTokenIds,
+)
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=False):
@@ -26,28 +35,28 @@ class GenerationFields(msgspec.Struct, kw_only=True):
     """Fields shared by chat and text completions, OpenAI's plus vLLM's extras."""
 
     model: str
-    max_tokens: PositiveInt | None = None
-    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
-    n: Annotated[int, Meta(ge=1, le=128)] | None = None
-    stop: str | list[str] | None = None
+    max_tokens: MaxTokens | None = None
+    temperature: OpenAITemperature | None = None
+    top_p: SamplerTopP | None = None
+    n: N | None = None
+    stop: Stop | None = None
     seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Bias] | None = None
+    logit_bias: LogitBias | None = None
     user: str | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     # vLLM's extras
-    top_k: int | None = None
-    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
-    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
+    top_k: SamplerTopK | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    guided_json: dict[str, Any] | str | None = None
-    guided_choice: list[str] | None = None
-    guided_regex: str | None = None
-    guided_grammar: str | None = None
+    stop_token_ids: StopTokenIds | None = None
+    guided_json: dict[str, Any] | Grammar | None = None
+    guided_choice: GuidedChoice | None = None
+    guided_regex: Grammar | None = None
+    guided_grammar: Grammar | None = None
 
     def check(self) -> None:
         if self.top_k is not None and self.top_k == 0:

@@ -94,12 +94,13 @@ def _list_walker(item: Walk | None) -> Walk | None:
 def _union_walker(union: mi.UnionType, structs: dict[type, Walk]) -> Walk | None:
     """An object goes to the first struct member its tag names (or the first untagged one),
     a list to the first list member: the member that decoded it."""
+    members = [_bare(member) for member in union.types]
     tagged: list[tuple[str | None, Any, Walk]] = [
         (member.tag_field, member.tag, _compile(member, structs))  # type: ignore[misc]
-        for member in union.types
+        for member in members
         if isinstance(member, mi.StructType)
     ]
-    lists = [member for member in union.types if isinstance(member, mi.ListType)]
+    lists = [member for member in members if isinstance(member, mi.ListType)]
     list_walk = _compile(lists[0], structs) if lists else None
     if not tagged and list_walk is None:
         return None
@@ -114,3 +115,10 @@ def _union_walker(union: mi.UnionType, structs: dict[type, Walk]) -> Walk | None
             list_walk(value, path, found)
 
     return walk
+
+
+def _bare(kind: mi.Type) -> mi.Type:
+    """``kind`` without its constraints (a bounded list is a list: ``Meta(max_length=...)``)."""
+    while isinstance(kind, mi.Metadata):
+        kind = kind.type
+    return kind

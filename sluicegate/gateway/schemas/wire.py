@@ -13,7 +13,9 @@ from sluicegate.gateway.errors import InvalidRequest
 T = TypeVar("T")
 
 _encoder = msgspec.json.Encoder()
-_PATH = re.compile(r" - at `\$(?:\.)?([^`]*)`$")
+_PATH = re.compile(r" - at `(?:key` in `)?\$(?:\.)?([^`]*)`$")
+"""Where msgspec says the value was: ``$.field[0]``, or ``key` in `$.field`` for a mapping's
+key (the mapping is named)."""
 _MISSING_FIELD = re.compile(r"missing required field `([^`]+)`")
 
 
@@ -56,7 +58,10 @@ def invalid(detail: str) -> InvalidRequest:
     match = _PATH.search(detail)
     # msgspec writes a mapping's value as `[...]`: name the mapping.
     path = match.group(1).split("[...]")[0] if match else ""
-    detail = _PATH.sub("", detail)
+    if match and "`key` in" in match.group(0):
+        detail = f"{_PATH.sub('', detail)} (a key)"
+    else:
+        detail = _PATH.sub("", detail)
     missing = _MISSING_FIELD.search(detail)
     if missing:
         path = f"{path}.{missing.group(1)}" if path else missing.group(1)

@@ -10,9 +10,10 @@ placed before the rest of that user turn, as the Messages API puts results first
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from sluicegate.gateway.canonical import (
     ChatRequest,
@@ -29,6 +30,18 @@ from sluicegate.gateway.canonical import (
     ToolCall,
     ToolChoice,
     ToolResult,
+)
+from sluicegate.gateway.schemas.bounds import (
+    MAX_ANTHROPIC_MESSAGES,
+    MAX_CONTENT_PARTS,
+    MAX_TOOLS,
+    AnthropicTemperature,
+    AnthropicTopK,
+    MaxTokens,
+    StopSequences,
+    ThinkingBudget,
+    TopP,
+    UserId,
 )
 
 
@@ -88,7 +101,9 @@ class ToolUseBlock(_Wire, tag="tool_use", tag_field="type"):
 
 class ToolResultBlock(_Wire, tag="tool_result", tag_field="type"):
     tool_use_id: str
-    content: str | list[TextBlock | ImageBlock] | None = None
+    content: (
+        str | Annotated[list[TextBlock | ImageBlock], Meta(max_length=MAX_CONTENT_PARTS)] | None
+    ) = None
     is_error: bool = False
     cache_control: CacheControl | None = None
     toolset_name: None = None
@@ -121,7 +136,7 @@ Block = (
 
 class MessageParam(_Wire):
     role: Literal["user", "assistant"]
-    content: str | list[Block]
+    content: str | Annotated[list[Block], Meta(max_length=MAX_CONTENT_PARTS)]
 
 
 class ToolParam(_Wire):
@@ -141,7 +156,7 @@ class ToolChoiceParam(_Wire):
 
 class ThinkingParam(_Wire):
     type: Literal["enabled", "adaptive", "disabled"]
-    budget_tokens: int | None = None
+    budget_tokens: ThinkingBudget | None = None
     display: Literal["summarized", "omitted"] | None = None
 
 
@@ -156,14 +171,14 @@ class OutputConfig(_Wire):
 
 
 class MetadataParam(_Wire):
-    user_id: str | None = None
+    user_id: UserId | None = None
 
 
 class _Prompt(_Wire):
     model: str
-    messages: list[MessageParam]
-    system: str | list[TextBlock] | None = None
-    tools: list[ToolParam] | None = None
+    messages: Annotated[list[MessageParam], Meta(max_length=MAX_ANTHROPIC_MESSAGES)]
+    system: str | Annotated[list[TextBlock], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
+    tools: Annotated[list[ToolParam], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
     output_config: OutputConfig | None = None
@@ -181,12 +196,12 @@ class CountTokensRequest(_Prompt):
 
 
 class MessagesRequest(_Prompt, kw_only=True):
-    max_tokens: int
-    stop_sequences: list[str] | None = None
+    max_tokens: MaxTokens
+    stop_sequences: StopSequences | None = None
     stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: AnthropicTemperature | None = None
+    top_p: TopP | None = None
+    top_k: AnthropicTopK | None = None
     metadata: MetadataParam | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
 
@@ -281,7 +296,8 @@ def canonical(body: _Prompt) -> ChatRequest:
             max_tokens=body.max_tokens,
             temperature=body.temperature,
             top_p=body.top_p,
-            top_k=body.top_k,
+            # 0 restricts nothing: sent on as unset (an engine takes only -1 or >= 1).
+            top_k=body.top_k or None,
             stop=body.stop_sequences,
         )
         request.stream = body.stream

@@ -17,9 +17,10 @@ hosted tool search) and images by ``file_id`` (the gateway has no file store).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from sluicegate.gateway.canonical import (
     ChatRequest,
@@ -36,6 +37,17 @@ from sluicegate.gateway.canonical import (
     ToolResult,
 )
 from sluicegate.gateway.errors import InvalidRequest
+from sluicegate.gateway.schemas.bounds import (
+    MAX_CONTENT_PARTS,
+    MAX_INCLUDE,
+    MAX_INPUT_ITEMS,
+    MAX_TOOLS,
+    MaxTokens,
+    Metadata,
+    OpenAITemperature,
+    TopLogprobs,
+    TopP,
+)
 
 
 class _Wire(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
@@ -62,9 +74,12 @@ class InputImage(_Wire, tag="input_image", tag_field="type"):
     detail: Literal["low", "high", "auto", "original"] | None = None
 
 
+MessagePart = InputText | OutputText | Refusal | InputImage
+
+
 class MessageItem(_Wire, tag="message", tag_field="type"):
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText | OutputText | Refusal | InputImage]
+    content: str | Annotated[list[MessagePart], Meta(max_length=MAX_CONTENT_PARTS)]
     id: str | None = None
     status: str | None = None
     phase: Literal["commentary", "final_answer"] | None = None
@@ -84,7 +99,7 @@ class FunctionCallItem(_Wire, tag="function_call", tag_field="type"):
 
 class FunctionCallOutputItem(_Wire, tag="function_call_output", tag_field="type"):
     call_id: str
-    output: str | list[InputText | InputImage]
+    output: str | Annotated[list[InputText | InputImage], Meta(max_length=MAX_CONTENT_PARTS)]
     id: str | None = None
     status: str | None = None
 
@@ -98,8 +113,10 @@ class ReasoningText(_Wire, tag="reasoning_text", tag_field="type"):
 
 
 class ReasoningItem(_Wire, tag="reasoning", tag_field="type"):
-    summary: list[SummaryText] = msgspec.field(default_factory=list)
-    content: list[ReasoningText] | None = None
+    summary: Annotated[list[SummaryText], Meta(max_length=MAX_CONTENT_PARTS)] = msgspec.field(
+        default_factory=list
+    )
+    content: Annotated[list[ReasoningText], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
     id: str | None = None
     encrypted_content: str | None = None
     status: str | None = None
@@ -152,27 +169,27 @@ class StreamOptions(_Wire):
 
 class ResponsesRequest(_Wire):
     model: str
-    input: str | list[dict[str, Any]]
+    input: str | Annotated[list[dict[str, Any]], Meta(max_length=MAX_INPUT_ITEMS)]
     """Items are read by ``items()``: a message item may leave out its ``type``."""
     instructions: str | None = None
-    tools: list[FunctionTool] | None = None
+    tools: Annotated[list[FunctionTool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["auto", "none", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_logprobs: int | None = None
+    max_output_tokens: MaxTokens | None = None
+    temperature: OpenAITemperature | None = None
+    top_p: TopP | None = None
+    top_logprobs: TopLogprobs | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     store: bool | None = None
     previous_response_id: str | None = None
     conversation: Any = None
     background: bool | None = None
-    include: list[str] | None = None
+    include: Annotated[list[str], Meta(max_length=MAX_INCLUDE)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -367,6 +384,7 @@ def canonical(body: ResponsesRequest) -> ChatRequest:
         safety_identifier=body.safety_identifier,
         prompt_cache_key=body.prompt_cache_key,
         store=False,
+        max_tokens_param="max_output_tokens",
     )
     if body.service_tier not in (None, "auto", "default"):
         request.service_tier = body.service_tier

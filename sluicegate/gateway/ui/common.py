@@ -11,6 +11,7 @@ from litestar import Request
 from litestar.response import Template
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from sluicegate.gateway.schemas.bounds import MAX_PAGE
 from sluicegate.gateway.ui.charts import compact, money
 from sluicegate.gateway.ui.session import CSRF_FIELD, UiSession, session_of
 from sluicegate.gateway.usage.pricing import to_micros
@@ -142,10 +143,15 @@ def optional_date(value: str | None, name: str) -> dt.date | None:
 
 
 def page_number(value: str | None) -> int:
+    """``?page=`` as a page number: 1 when absent or not a number; past ``MAX_PAGE`` a
+    ``FormError`` (a 400: its offset would overflow the database's integers)."""
     try:
-        return max(1, int(value or 1))
+        number = max(1, int(value or 1))
     except ValueError:
         return 1
+    if number > MAX_PAGE:
+        raise FormError("page", f"page must be at most {MAX_PAGE:,}")
+    return number
 
 
 def today() -> dt.date:

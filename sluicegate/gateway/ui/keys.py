@@ -98,10 +98,11 @@ class KeysPages(Controller):
         team: FromQuery[str] = "",
         notice: FromQuery[str | None] = None,
     ) -> Template:
+        number = page_number(page)
         try:
-            context = await _list_context(request, q.strip(), page_number(page), show, team)
+            context = await _list_context(request, q.strip(), number, show, team)
         except FormError:
-            context = await _list_context(request, q.strip(), page_number(page), show)
+            context = await _list_context(request, q.strip(), number, show)
         return render(request, "keys.html", active="keys", flash=notice, **context)
 
     @post("/")
