@@ -80,7 +80,6 @@ def test_from_the_repo_root_hugging_faces_kernels_and_ours_both_import(tmp_path:
     script = textwrap.dedent(
         f"""
         import sys
-import tempfile
         assert sys.path[0] in ("", {str(REPO)!r}), sys.path[0]
         import transformers.integrations.hub_kernels
         import kernels
