@@ -42,13 +42,15 @@ from sluicegate.gateway.db.usage import DatabaseSpend
 from sluicegate.gateway.http.body import check_body
 from sluicegate.gateway.http.fast_lane import FastLane
 from sluicegate.gateway.keys.cache import KeyCache
+from sluicegate.gateway.keys.throttle import FailureThrottle
 from sluicegate.gateway.leases.book import LeaseBook
 from sluicegate.gateway.redis.direct import Address, DirectConnection
 from sluicegate.gateway.routing.router import Router
 from sluicegate.gateway.services import Services, new_request_id, request_state
 from sluicegate.gateway.settings import Settings
 from sluicegate.gateway.telemetry import metrics_endpoint, serve_metrics, setup_tracing
-from sluicegate.gateway.ui import template_config, ui_router
+from sluicegate.gateway.ui import SECURITY_HEADERS as UI_SECURITY_HEADERS
+from sluicegate.gateway.ui import is_ui_path, template_config, ui_router
 from sluicegate.gateway.usage.pricing import PriceBook, prices_from_config
 from sluicegate.gateway.usage.stream import UsageFlusher, UsageRecorder
 
@@ -61,13 +63,18 @@ REDIS_COMMAND_TIMEOUT_S = 5.0
 
 
 async def _stamp_response(message: Message, scope: Scope) -> None:
-    """``before_send`` hook: every response gets ``x-request-id``; the server span ends."""
+    """``before_send`` hook: every response gets ``x-request-id``, the UI's its security
+    headers; the server span ends."""
     if message["type"] == "http.response.start":
         state = request_state(scope)
         request_id = state.get("request_id")
         if request_id is None:
             request_id = state["request_id"] = new_request_id()
-        message["headers"] = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
+        headers = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
+        # Here rather than on the UI's router, so that its 404s and static files get them too.
+        if is_ui_path(scope["path"]):
+            headers += UI_SECURITY_HEADERS
+        message["headers"] = headers
         span: Span | None = state.get("server_span")
         if span is not None:
             status = message["status"]
@@ -186,6 +193,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             db_engine=db_engine,
             db_sessionmaker=sessionmaker,
             key_cache=key_cache,
+            admin_auth_throttle=FailureThrottle(settings.admin_auth_failures_per_min),
             router=router,
             prices=prices,
             limiter=limiter,

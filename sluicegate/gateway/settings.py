@@ -6,10 +6,13 @@ the environment, and the Helm values map onto the same names.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+logger = logging.getLogger(__name__)
 
 _LIBPQ_SCHEMES = {"postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2"}
 
@@ -70,9 +73,23 @@ class Settings:
     invalid_key_lookups_per_min: int = 30
     """Database lookups of unknown keys one client address may cause per minute (0 = no cap);
     past it, its uncached keys get 429 without a query."""
-    client_address_header: str = ""
-    """Header holding the client's address (e.g. ``x-forwarded-for``) when a trusted proxy
-    sets it; empty = the TCP peer."""
+    admin_auth_failures_per_min: int = 10
+    """Wrong admin keys (master or team admin, API or UI sign-in) one client address may send
+    per minute (0 = no cap); past it, all its admin authentications get 429 until the minute
+    ends."""
+    trusted_proxy_count: int = 0
+    """Proxies in front of the gateway that append to ``client_address_header``; the client's
+    address is the entry this many from the right, the one the outermost of them saw.
+    0 = the TCP peer, and the header is not read."""
+    client_address_header: str = "x-forwarded-for"
+    """The header the trusted proxies append the client's address to (read only while
+    ``trusted_proxy_count`` > 0)."""
+    key_info_requests_per_min: int = 60
+    """Requests to ``/v1/key/info`` one key may make per minute, across replicas (0 = no cap);
+    past it, 429."""
+    ui_insecure_cookies: bool = False
+    """Send the UI's cookies without ``Secure``, for a UI served over plain http (``sluicegate
+    up`` on 127.0.0.1); else they are ``Secure``, whatever scheme the gateway itself sees."""
     usage_stream: str = "sg:usage"
     usage_flush_interval_s: float = 0.5
     usage_flush_batch: int = 500
@@ -117,4 +134,11 @@ class Settings:
             elif f.name != "instance_id":
                 default = f.default
                 values[f.name] = _env_value(f.name, default)
-        return cls(**values)
+        settings = cls(**values)
+        if "SLUICEGATE_CLIENT_ADDRESS_HEADER" in os.environ and settings.trusted_proxy_count <= 0:
+            # Before SLUICEGATE_TRUSTED_PROXY_COUNT, setting the header alone made it read.
+            logger.warning(
+                "SLUICEGATE_CLIENT_ADDRESS_HEADER is ignored while "
+                "SLUICEGATE_TRUSTED_PROXY_COUNT is 0: client addresses are TCP peers"
+            )
+        return settings

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -289,6 +289,25 @@ def _examples(base_url: str, api_key: str, model: str) -> str:
 """
 
 
+def child_env(
+    environ: Mapping[str, str], database_url: str, redis_url: str, master_key: str
+) -> dict[str, str]:
+    """The environment of the gateway and the engine ``up`` starts."""
+    env = dict(environ)
+    env.update(
+        SLUICEGATE_DATABASE_URL=database_url,
+        SLUICEGATE_REDIS_URL=redis_url,
+        SLUICEGATE_MASTER_KEY=master_key,
+        PYTHONUNBUFFERED="1",
+    )
+    # One machine, one person: the API docs at /schema are open unless told otherwise.
+    env.setdefault("SLUICEGATE_EXPOSE_SCHEMA", "true")
+    # The UI is served over plain http here; Secure cookies would be dropped by browsers that
+    # do not count 127.0.0.1 as secure, and sign-in would never stick.
+    env.setdefault("SLUICEGATE_UI_INSECURE_COOKIES", "true")
+    return env
+
+
 def run(args: argparse.Namespace, stack: Stack) -> int:
     data_dir = Path(args.data_dir).expanduser().resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -320,15 +339,7 @@ def run(args: argparse.Namespace, stack: Stack) -> int:
     master_key = os.environ.get("SLUICEGATE_MASTER_KEY") or _secret_file(
         data_dir / "master_key", lambda: "sk-admin-" + secrets.token_urlsafe(32)
     )
-    env = dict(os.environ)
-    env.update(
-        SLUICEGATE_DATABASE_URL=database_url,
-        SLUICEGATE_REDIS_URL=redis_url,
-        SLUICEGATE_MASTER_KEY=master_key,
-        PYTHONUNBUFFERED="1",
-    )
-    # One machine, one person: the API docs at /schema are open unless told otherwise.
-    env.setdefault("SLUICEGATE_EXPOSE_SCHEMA", "true")
+    env = child_env(os.environ, database_url, redis_url, master_key)
 
     model_path = args.model
     served_name = args.served_model_name

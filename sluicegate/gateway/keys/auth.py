@@ -62,11 +62,24 @@ def _presented_key(headers: Iterable[tuple[bytes, bytes]]) -> str | None:
 
 
 def client_address(request: ASGIConnection[Any, Any, Any, Any]) -> str:
-    """The caller's address: the first of ``client_address_header`` when one is configured
-    (behind a proxy that sets it), else the peer's."""
+    """The caller's address, as throttles key on it.
+
+    With ``trusted_proxy_count`` = 0, the TCP peer. With N, the N-th entry from the right of
+    ``client_address_header`` (every line of it, as proxies may add one line each): each
+    trusted proxy appends its peer, so that entry is what the outermost one saw. Entries left
+    of it came from the client and could be anything; a header with fewer entries did not pass
+    all the proxies, so the peer is used then.
+    """
+    peer = request.client.host if request.client else ""
     settings: Settings = request.app.state.settings
-    if settings.client_address_header:
-        forwarded = request.headers.get(settings.client_address_header)
-        if forwarded:
-            return forwarded.split(",", 1)[0].strip()
-    return request.client.host if request.client else ""
+    count = settings.trusted_proxy_count
+    if count <= 0:
+        return peer
+    wanted = settings.client_address_header.lower().encode("latin-1")
+    entries: list[str] = []
+    for name, value in request.scope["headers"]:
+        if name == wanted:
+            entries += value.decode("latin-1").split(",")
+    if len(entries) < count:
+        return peer
+    return entries[-count].strip() or peer

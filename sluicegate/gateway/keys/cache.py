@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sluicegate.gateway.db import keys as key_queries
 from sluicegate.gateway.errors import AuthenticationFailed, RateLimited, ServiceUnavailable
 from sluicegate.gateway.keys.records import KEY_SHAPE, ApiKeyRecord, hash_key
-from sluicegate.gateway.keys.throttle import InvalidKeyThrottle
+from sluicegate.gateway.keys.throttle import FailureThrottle
 from sluicegate.gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class KeyCache:
         self._unknown: dict[str, float] = {}
         """Hashes the database did not know -> monotonic time until which that is trusted."""
         self._loading: dict[str, asyncio.Future[_Entry | None]] = {}
-        self._throttle = InvalidKeyThrottle(settings.invalid_key_lookups_per_min)
+        self._throttle = FailureThrottle(settings.invalid_key_lookups_per_min)
         self._epoch = 0
         """Bumped on every invalidation, so a load that raced one is not cached."""
         self._subscribed = False
@@ -164,7 +164,7 @@ class KeyCache:
             raise ServiceUnavailable("The API key cannot be verified right now.") from exc
         if entry is None:
             self._remember_unknown(digest)
-            self._throttle.record_miss(client)
+            self._throttle.record_failure(client)
             raise AuthenticationFailed("Incorrect API key provided.")
         return entry
 

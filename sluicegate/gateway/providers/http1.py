@@ -7,9 +7,9 @@ requests through this client; streaming and ``https://`` upstreams keep using ht
 per-call cost is small next to generation or network time.
 
 Scope, on purpose: one origin per pool, ``POST`` with a body, responses framed by
-``content-length``, ``chunked`` or connection close. A request on a reused connection that
-fails before any response byte (the server closed an idle keep-alive connection) is sent
-once more on a fresh connection.
+``content-length``, ``chunked`` or connection close, after any informational (1xx) heads,
+which are skipped. A request on a reused connection that fails before any response byte (the
+server closed an idle keep-alive connection) is sent once more on a fresh connection.
 """
 
 from __future__ import annotations
@@ -104,6 +104,16 @@ class Http1Pool:
                 raise
             received_any = True
             status, length, chunked, keep_alive = _parse_head(head)
+            interim_bytes = 0
+            # A 100 Continue or 103 Early Hints precedes the answer on the same connection
+            # (RFC 9110 15.2); taken as the answer, the real one would be read as the next
+            # request's, so the heads are skipped, bounded so a server cannot send them forever.
+            while 100 <= status < 200 and status != 101:
+                interim_bytes += len(head)
+                if interim_bytes > MAX_HEAD_BYTES:
+                    raise ValueError("too many informational responses")
+                head = await reader.readuntil(b"\r\n\r\n")
+                status, length, chunked, keep_alive = _parse_head(head)
             if length is not None:
                 body = await reader.readexactly(length)
             elif chunked:
@@ -169,6 +179,9 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
         length = None
     if status in (204, 304) or 100 <= status < 200:
         length = 0
+    if status == 101:
+        # Nothing here asks to switch protocols; past a 101 the bytes are no HTTP/1.1 anymore.
+        keep_alive = False
     return status, length, chunked, keep_alive
 
 

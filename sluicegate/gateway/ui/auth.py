@@ -14,6 +14,7 @@ from sluicegate.gateway.api.admin.guards import actor_for_token
 from sluicegate.gateway.errors import OpenAIError
 from sluicegate.gateway.keys.auth import client_address
 from sluicegate.gateway.keys.records import hash_key
+from sluicegate.gateway.settings import Settings
 from sluicegate.gateway.ui.overview import overview_page
 from sluicegate.gateway.ui.session import (
     CSRF_FIELD,
@@ -32,19 +33,27 @@ from sluicegate.gateway.ui.session import (
 
 
 def _cookie(request: Request[Any, Any, Any], name: str, value: str, max_age: int) -> Cookie:
+    # Secure unless told otherwise: behind a TLS-terminating ingress the request's own scheme
+    # is http (uvicorn reads no proxy headers), and a cookie sent back over plain http would
+    # carry the session in the clear.
+    settings: Settings = request.app.state.settings
     return Cookie(
         key=name,
         value=value,
         path="/ui",
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=not settings.ui_insecure_cookies,
         max_age=max_age,
     )
 
 
 def sign_in_page(
-    request: Request[Any, Any, Any], *, error: str | None = None, status_code: int = 200
+    request: Request[Any, Any, Any],
+    *,
+    error: str | None = None,
+    status_code: int = 200,
+    headers: dict[str, str] | None = None,
 ) -> Template:
     token = secrets.token_urlsafe(24)
     return Template(
@@ -52,8 +61,16 @@ def sign_in_page(
         status_code=status_code,
         context={"csrf_field": CSRF_FIELD, "csrf_token": token, "error": error},
         cookies=[_cookie(request, SIGNIN_CSRF_COOKIE, token, 3600)],
-        headers={"cache-control": "no-store"},
+        headers={"cache-control": "no-store", **(headers or {})},
     )
+
+
+def _refusal(status_code: int) -> str:
+    if status_code == 403:
+        return "That key may not sign in here: use the master key or a team admin key."
+    if status_code == 429:
+        return "Too many failed sign-ins from this address. Wait a minute and try again."
+    return "That key was not accepted. Check it and try again."
 
 
 class SignInController(Controller):
@@ -82,15 +99,20 @@ class SignInController(Controller):
         state = request.app.state
         try:
             actor = await actor_for_token(
-                state.settings, state.key_cache, key, client_address(request)
+                state.settings,
+                state.key_cache,
+                state.admin_auth_throttle,
+                key,
+                client_address(request),
             )
         except OpenAIError as exc:
-            message = (
-                "That key may not sign in here: use the master key or a team admin key."
-                if exc.status_code == 403
-                else "That key was not accepted. Check it and try again."
+            retry_after = exc.headers.get("retry-after")
+            return sign_in_page(
+                request,
+                error=_refusal(exc.status_code),
+                status_code=exc.status_code,
+                headers={"retry-after": retry_after} if retry_after else None,
             )
-            return sign_in_page(request, error=message, status_code=exc.status_code)
         stored = StoredSession(
             csrf=secrets.token_urlsafe(24),
             key_hash=hash_key(key),

@@ -1,10 +1,11 @@
 """Sign-in sessions of the web UI, kept in Redis, and their CSRF tokens.
 
-The browser holds only a random session id in an HttpOnly, SameSite=Strict cookie; the API
-key it signed in with is never stored anywhere, only its hash. Every request re-checks that
-the key still is what it was (not revoked, expired, rotated away or demoted), so revoking a
-team admin's key signs its UI sessions out at once. Forms carry the session's CSRF token; the
-sign-in form, which has no session yet, uses a double-submit cookie instead.
+The browser holds only a random session id in an HttpOnly, SameSite=Strict cookie (Secure
+unless ``ui_insecure_cookies``); the API key it signed in with is never stored anywhere, only
+its hash. Every request re-checks that the key still is what it was (not revoked, expired,
+rotated away or demoted), so revoking a team admin's key signs its UI sessions out at once.
+Forms carry the session's CSRF token; the sign-in form, which has no session yet, uses a
+double-submit cookie instead.
 """
 
 from __future__ import annotations

@@ -119,3 +119,65 @@ async def test_a_body_read_to_the_end_that_stalls_times_out_not_cut(serve: Calla
     pool = Http1Pool("127.0.0.1", await serve(stalls), read_timeout_s=0.2)
     with pytest.raises(TimeoutError):
         await pool.post("/x", b"{}", {})
+
+
+async def test_informational_heads_are_read_past_to_the_answer(serve: Callable) -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                body = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(
+                b"HTTP/1.1 100 Continue\r\n\r\n"
+                b"HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n"
+            )
+            writer.write(body)
+            await writer.drain()
+
+    pool = Http1Pool("127.0.0.1", await serve(handler))
+    assert await pool.post("/x", b"first", {}) == (200, b"first")
+    # Were a 1xx taken as the answer, this one would get the previous exchange's leftovers.
+    assert await pool.post("/x", b"second", {}) == (200, b"second")
+    assert connections == 1
+    await pool.aclose()
+
+
+async def test_an_unasked_101_is_final_and_its_connection_not_reused(serve: Callable) -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        body = await _read_request(reader)
+        if body == b"switch":
+            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\n\r\nnot-http")
+        else:
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    pool = Http1Pool("127.0.0.1", await serve(handler))
+    assert await pool.post("/x", b"switch", {}) == (101, b"")
+    assert await pool.post("/x", b"plain", {}) == (200, b"ok")
+    assert connections == 2
+    await pool.aclose()
+
+
+async def test_endless_informational_heads_break_the_exchange(serve: Callable) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        for _ in range(5000):
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    pool = Http1Pool("127.0.0.1", await serve(handler))
+    with pytest.raises(UpstreamConnectionError):
+        await pool.post("/x", b"{}", {})
+    await pool.aclose()

@@ -40,9 +40,10 @@ def routing_yaml(tmp_path: Path) -> Path:
 async def admin_client(
     gateway_settings: Settings, routing_yaml: Path
 ) -> AsyncIterator[AsyncTestClient[Litestar]]:
-    """The whole gateway app (usage flusher included), holding the master key."""
+    """The whole gateway app (usage flusher included), holding the master key, over https as
+    behind a TLS ingress: the UI's cookies are ``Secure``, and httpx sends them back only so."""
     settings = dataclasses.replace(gateway_settings, config=str(routing_yaml))
-    async with AsyncTestClient(create_app(settings)) as client:
+    async with AsyncTestClient(create_app(settings), base_url="https://testserver.local") as client:
         client.headers["authorization"] = f"Bearer {settings.master_key}"
         yield client
 

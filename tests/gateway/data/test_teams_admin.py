@@ -195,10 +195,37 @@ async def _until(check: Any, deadline_s: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def test_key_info_is_rate_limited_per_key_across_replicas(
+    gateway_settings: Settings, routing_yaml: Path
+) -> None:
+    settings = dataclasses.replace(
+        gateway_settings, config=str(routing_yaml), key_info_requests_per_min=3
+    )
+    async with _replica(settings) as first, _replica(settings) as second:
+        master = _bearer(settings.master_key)
+        busy = await _ok(await first.post("/admin/keys", json={"name": "b"}, headers=master), 201)
+        calm = await _ok(await first.post("/admin/keys", json={"name": "c"}, headers=master), 201)
+        # The cap counts per minute of the clock: not across a minute's turn, which resets it.
+        if time.time() % 60 > 55:
+            await asyncio.sleep(60.5 - time.time() % 60)
+        assert [await _status(r, busy["key"]) for r in (first, second, first)] == [200] * 3
+        refused = await second.get("/v1/key/info", headers=_bearer(busy["key"]))
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert await _status(first, calm["key"]) == 200, "other keys keep their own count"
+        assert await _status(first, "sk-" + "x" * 43) == 401
+
+
 async def test_rotation_grace_is_honoured_on_every_replica(
     gateway_settings: Settings, routing_yaml: Path
 ) -> None:
-    settings = dataclasses.replace(gateway_settings, config=str(routing_yaml))
+    # The test polls /v1/key/info as its probe, far more often than a client would.
+    settings = dataclasses.replace(
+        gateway_settings, config=str(routing_yaml), key_info_requests_per_min=0
+    )
     async with _replica(settings) as first, _replica(settings) as second:
         master = _bearer(settings.master_key)
         key = await _ok(await first.post("/admin/keys", json={"name": "r"}, headers=master), 201)

@@ -4,17 +4,25 @@ paging, what a refused or accepted save shows."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import datetime as dt
 import io
+import os
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from sluicegate.gateway import up
+from sluicegate.gateway.app import create_app
 from sluicegate.gateway.db.usage import insert_usage
+from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.ui import TEMPLATES
 
 from .usage_rows import usage_row
 
@@ -293,3 +301,95 @@ async def test_teams_are_created_and_deleted_from_the_ui_by_the_master_only(
     assert (await admin_client.get(f"/admin/teams/{team['id']}")).status_code == 404
     actions = [e["action"] for e in (await admin_client.get("/admin/audit")).json()["data"]]
     assert actions[0] == "team.delete" and "team.create" in actions
+
+
+async def test_ui_cookies_are_secure_unless_turned_off_for_plain_http(
+    gateway_settings: Settings, routing_yaml: Path
+) -> None:
+    def set_cookies(response: Any) -> list[str]:
+        return response.headers.get_list("set-cookie")  # type: ignore[no-any-return]
+
+    # Behind a TLS-terminating ingress the gateway itself sees plain http.
+    settings = dataclasses.replace(gateway_settings, config=str(routing_yaml))
+    async with AsyncTestClient(create_app(settings), base_url="http://testserver.local") as client:
+        (signin_cookie,) = set_cookies(await client.get("/ui"))
+        assert "; Secure" in signin_cookie
+
+    async with AsyncTestClient(create_app(settings), base_url="https://testserver.local") as client:
+        signed_in = await _sign_in(client, settings.master_key)
+        assert signed_in.status_code == 303
+        assert all("; Secure" in cookie for cookie in set_cookies(signed_in))
+        assert (await client.get("/ui/keys", follow_redirects=False)).status_code == 200
+        signed_out = await client.post(
+            "/ui/sign-out", data={"csrf_token": await _page_token(client, "/ui/keys")}
+        )
+        assert signed_out.status_code == 200
+        assert all("; Secure" in cookie for cookie in set_cookies(signed_out.history[0]))
+
+    # ``sluicegate up``'s case: the browser speaks plain http to 127.0.0.1.
+    local = dataclasses.replace(settings, ui_insecure_cookies=True)
+    async with AsyncTestClient(create_app(local), base_url="http://testserver.local") as client:
+        signed_in = await _sign_in(client, settings.master_key)
+        assert signed_in.status_code == 303
+        assert set_cookies(signed_in) and not any("Secure" in c for c in set_cookies(signed_in))
+        assert (await client.get("/ui/keys", follow_redirects=False)).status_code == 200
+
+
+async def _page_token(client: Client, path: str) -> str:
+    return TOKEN.search((await client.get(path)).text).group(1)  # type: ignore[union-attr]
+
+
+def test_up_serves_the_ui_with_cookies_a_browser_sends_back_over_http(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def gateway_settings_under(environ: dict[str, str]) -> Settings:
+        env = up.child_env(environ, "postgresql://db", "redis://r", "sk-admin-x")
+        for name in [n for n in os.environ if n.startswith("SLUICEGATE_")]:
+            monkeypatch.delenv(name)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return Settings.from_env()
+
+    assert gateway_settings_under({}).ui_insecure_cookies is True
+    # Someone serving ``up`` through a TLS proxy of their own may still ask for Secure.
+    told = gateway_settings_under({"SLUICEGATE_UI_INSECURE_COOKIES": "false"})
+    assert told.ui_insecure_cookies is False
+
+
+async def test_every_ui_response_forbids_framing_sniffing_and_foreign_code(
+    admin_client: Client,
+) -> None:
+    master = admin_client.headers["authorization"].split()[-1]
+    signed_out = [
+        await admin_client.get("/ui", headers={"authorization": ""}),
+        await admin_client.get("/ui/keys", follow_redirects=False),
+        await admin_client.get("/ui/static/app.css"),
+        await admin_client.get("/ui/static/app.js"),
+        await admin_client.get("/ui/static/no-such-file.js"),
+        await admin_client.get("/ui/no-such-page"),
+        await admin_client.post("/ui/sign-in", data={"key": "x"}),
+    ]
+    assert [r.status_code for r in signed_out] == [200, 303, 200, 200, 404, 404, 403]
+    assert (await _sign_in(admin_client, master)).status_code == 303
+    signed_in = [await admin_client.get(path) for path in ("/ui", "/ui/keys", "/ui/usage")]
+    for response in signed_out + signed_in:
+        assert response.headers["x-frame-options"] == "DENY", response.url
+        assert response.headers["x-content-type-options"] == "nosniff"
+        policy = response.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy
+        assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    assert "content-security-policy" not in (await admin_client.get("/v1/models")).headers
+
+
+def test_templates_carry_no_inline_code_or_styles() -> None:
+    """What the Content-Security-Policy would refuse, in templates the browser tests do not
+    reach too: ``style`` attributes, inline scripts and styles, handler attributes."""
+    forbidden = re.compile(
+        r"\sstyle\s*=|<style|<script(?![^>]*\ssrc=)|\son[a-z]+\s*=|javascript:", re.IGNORECASE
+    )
+    templates = sorted(TEMPLATES.glob("*.html"))
+    assert templates
+    found = [
+        f"{t.name}: {m.group(0)}" for t in templates for m in forbidden.finditer(t.read_text())
+    ]
+    assert not found

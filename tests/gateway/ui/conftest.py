@@ -19,7 +19,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, sync_playwright
+from playwright.sync_api import (
+    Browser,
+    BrowserContext,
+    ConsoleMessage,
+    Page,
+    Playwright,
+    sync_playwright,
+)
 
 from sluicegate.gateway.app import create_asgi_app
 from sluicegate.gateway.db.scratch import execute_autocommit, scratch_database
@@ -158,10 +165,19 @@ def _note_foreign(url: str, gateway_url: str, elsewhere: list[str]) -> None:
 
 
 @pytest.fixture
-def page(context: BrowserContext) -> Page:
+def page(context: BrowserContext) -> Iterator[Page]:
     page = context.new_page()
     page.on("dialog", lambda dialog: dialog.accept())
-    return page
+    refused: list[str] = []
+    page.on("console", lambda message: _note_csp_refusal(message, refused))
+    yield page
+    # Chromium logs, and does not apply, whatever the UI's Content-Security-Policy refuses.
+    assert not refused, f"the UI's own pages broke its Content-Security-Policy: {refused}"
+
+
+def _note_csp_refusal(message: ConsoleMessage, refused: list[str]) -> None:
+    if "Content Security Policy" in message.text:
+        refused.append(f"{message.location.get('url')}: {message.text}")
 
 
 class Admin:
