@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -114,16 +115,19 @@ def status_error(
 
 
 class Sessions:
-    """The one aiohttp session every hosted deployment shares (made on first use, inside the
-    event loop; closed by the router)."""
+    """The one aiohttp session every upstream deployment shares (made on first use, inside the
+    event loop; closed by the router). ``limit`` 0: no cap on its connections, so a stream
+    never queues behind others (a deployment may cap its own: ``max_connections``)."""
 
-    def __init__(self, limit: int = 1000) -> None:
+    def __init__(self, limit: int = 0, ssl: ssl.SSLContext | bool = True) -> None:
+        """``ssl``: the context that verifies upstreams (True: the system's CAs)."""
         self._limit = limit
+        self._ssl = ssl
         self._session: aiohttp.ClientSession | None = None
 
     def get(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300)
+            connector = aiohttp.TCPConnector(limit=self._limit, ttl_dns_cache=300, ssl=self._ssl)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
         return self._session
 

@@ -1,11 +1,12 @@
-"""Any OpenAI-compatible HTTP upstream (vLLM, a hosted API, another gateway) over httpx.
+"""Any OpenAI-compatible HTTP upstream (vLLM, a hosted API, another gateway).
 
 The request body and the replies are OpenAI's own (see openai_wire.py: a client's OpenAI body
 goes upstream field for field, and its reply comes back whole in ``raw``). Streams are passed
-through chunk by chunk with httpx (its client is shared by every deployment
-and owned by the router). A non-streaming client request is answered with one non-streaming
-upstream call (``complete``); to a plain-``http://`` upstream that call goes through
-``Http1Pool``, a minimal keep-alive client ~40x cheaper than httpx per call (see http1.py).
+through chunk by chunk over the router's aiohttp session (``hosted.Sessions``, shared by every
+deployment), which sets no cap on connections: a stream never waits for another to end unless
+its deployment says so (``max_connections`` in the routing file). A non-streaming client
+request is answered with one non-streaming upstream call (``complete``); to a plain-``http://``
+upstream that call goes through ``Http1Pool``, a minimal keep-alive client (see http1.py).
 
 Failures map onto ``ProviderError``: connect errors, timeouts, 5xx and 429 (and 401/403/404,
 which mean this deployment is misconfigured) are ``retryable`` so the router may fall back;
@@ -14,19 +15,28 @@ a 400 is the client's fault and is passed on, with ``context_length_exceeded`` r
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 import msgspec
+from aiohttp.http_exceptions import LineTooLong
 
 from sluicegate.gateway.canonical import ChatRequest, Chunk, Response, Usage
 from sluicegate.gateway.errors import redact
 from sluicegate.gateway.providers.base import ProviderError, unsupported_field
-from sluicegate.gateway.providers.hosted import json_headers, with_traceparent
+from sluicegate.gateway.providers.hosted import (
+    TRANSPORT_ERRORS,
+    Sessions,
+    StreamedResponse,
+    json_headers,
+    with_traceparent,
+)
 from sluicegate.gateway.providers.http1 import Http1Pool, UpstreamConnectionError
 from sluicegate.gateway.providers.openai_wire import (
     Reply,
@@ -99,17 +109,23 @@ class OpenAIProvider:
         name: str,
         base_url: str,
         model: str,
-        client: httpx.AsyncClient,
+        sessions: Sessions,
         api_key: str | None = None,
         read_timeout_s: float = 60.0,
+        first_token_timeout_s: float = 60.0,
+        max_connections: int = 0,
     ) -> None:
+        """``read_timeout_s`` bounds a whole answer without a deadline; ``first_token_timeout_s``
+        each read of a stream; ``max_connections`` (0: no cap) the calls in flight at once."""
         self.name = name
         self.model = model
-        self._client = client
+        self._sessions = sessions
         self._base_url = base_url.rstrip("/")
         self._headers = json_headers("authorization", api_key, prefix="Bearer ")
         url = urlsplit(self._base_url)
         self._read_timeout_s = read_timeout_s
+        self._first_token_timeout_s = first_token_timeout_s
+        self._slots = asyncio.Semaphore(max_connections) if max_connections > 0 else None
         self._fast: Http1Pool | None = None
         if url.scheme == "http" and url.hostname:
             self._fast = Http1Pool(
@@ -125,27 +141,37 @@ class OpenAIProvider:
     ) -> tuple[int, bytes]:
         headers = with_traceparent(self._headers, traceparent)
         try:
-            if self._fast is not None:
-                return await self._fast.post(self._path + path, body, headers)
-            # The whole answer comes in one read: bounded by the request's deadline, not by
-            # the shared client's first-token timeout (a long generation is not a dead peer).
-            response = await self._client.post(
-                self._base_url + path,
-                content=body,
-                headers=headers,
-                timeout=httpx.Timeout(self._read_timeout(deadline), connect=CONNECT_TIMEOUT_S),
-            )
-            return response.status_code, response.content
-        except (httpx.TimeoutException, TimeoutError) as exc:
+            async with self._slot():
+                if self._fast is not None:
+                    return await self._fast.post(self._path + path, body, headers)
+                # The whole answer comes in one read: bounded by the request's deadline, not by
+                # a first-token timeout (a long generation is not a dead peer).
+                timeout = aiohttp.ClientTimeout(
+                    total=self._read_timeout(deadline), sock_connect=CONNECT_TIMEOUT_S
+                )
+                async with self._sessions.get().post(
+                    self._base_url + path, data=body, headers=headers, timeout=timeout
+                ) as response:
+                    return response.status, await response.read()
+        except TimeoutError as exc:
             _log_transport("timed out", self.name, exc)
             raise ProviderError(
                 f"deployment {self.name} timed out", retryable=True, status_code=502
             ) from exc
-        except (httpx.TransportError, UpstreamConnectionError) as exc:
+        except (*TRANSPORT_ERRORS, UpstreamConnectionError) as exc:
             _log_transport("unreachable", self.name, exc)
             raise ProviderError(
                 f"deployment {self.name} unreachable", retryable=True, status_code=502
             ) from exc
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[None]:
+        """One of the deployment's ``max_connections`` while a call is in flight."""
+        if self._slots is None:
+            yield
+            return
+        async with self._slots:
+            yield
 
     def _read_timeout(self, deadline: float) -> float:
         if deadline:
@@ -178,18 +204,28 @@ class OpenAIProvider:
         body = _encoder.encode(request_body(request, self.model, stream=True))
         relay = request.passthrough is not None
         started = False
+        deadline = request.deadline
+        # Each read waits at most the first-token timeout; the whole stream ends by the
+        # request's deadline (past it the request's slot and reservation are no longer held).
+        timeout = aiohttp.ClientTimeout(
+            total=max(0.001, deadline - time.time()) if deadline else None,
+            sock_connect=CONNECT_TIMEOUT_S,
+            sock_read=self._first_token_timeout_s,
+        )
         try:
-            async with self._client.stream(
-                "POST",
-                self._base_url + _path(request),
-                content=body,
-                headers=with_traceparent(self._headers, request.traceparent),
-            ) as reply:
-                if reply.status_code >= 400:
-                    raw = await reply.aread()
-                    raise _error_from_response(reply.status_code, raw, self.name)
-                deadline = request.deadline
-                async for line in reply.aiter_lines():
+            async with (
+                self._slot(),
+                self._sessions.get().post(
+                    self._base_url + _path(request),
+                    data=body,
+                    headers=with_traceparent(self._headers, request.traceparent),
+                    timeout=timeout,
+                ) as reply,
+            ):
+                if reply.status >= 400:
+                    raw = await reply.read()
+                    raise _error_from_response(reply.status, raw, self.name)
+                async for line in StreamedResponse(reply).aiter_lines():
                     if deadline and time.time() > deadline:
                         # Reads are bounded one by one; this bounds the whole stream (past
                         # its deadline the request's slot and reservation are no longer held).
@@ -218,12 +254,18 @@ class OpenAIProvider:
                         started = True
                         chunk.num_tokens = 1
                     yield chunk
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
+            if deadline and time.time() >= deadline:
+                raise ProviderError(
+                    f"deployment {self.name} passed the request's deadline",
+                    retryable=not started,
+                    status_code=504,
+                ) from exc
             _log_transport("failed mid-stream", self.name, exc)
             raise ProviderError(
                 f"deployment {self.name} failed", retryable=not started, status_code=502
             ) from exc
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, LineTooLong) as exc:
             raise ProviderError(
                 f"deployment {self.name} sent an unreadable chunk: {exc}", retryable=not started
             ) from exc
@@ -255,7 +297,7 @@ class OpenAIProvider:
         return True
 
     async def close(self) -> None:
-        """Closes this deployment's keep-alive pool; the shared httpx client is the router's."""
+        """Closes this deployment's keep-alive pool; the shared aiohttp session is the router's."""
         if self._fast is not None:
             await self._fast.aclose()
 

@@ -56,7 +56,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from redis.asyncio import Redis
 
 from sluicegate.gateway.providers.anthropic import AnthropicProvider
@@ -176,12 +175,9 @@ def hosted_provider(
 class RouteFactory:
     """Routes and deployments from the YAML's entries; default deployment names are unique."""
 
-    def __init__(
-        self, settings: Settings, redis: Redis, client: httpx.AsyncClient, sessions: Sessions
-    ) -> None:
+    def __init__(self, settings: Settings, redis: Redis, sessions: Sessions) -> None:
         self._settings = settings
         self._redis = redis
-        self._client = client
         self._sessions = sessions
         self._names: set[str] = set()
 
@@ -229,9 +225,11 @@ class RouteFactory:
                 name=spec.get("name") or self._unique_name(f"openai:{model}"),
                 base_url=base_url,
                 model=model,
-                client=self._client,
+                sessions=self._sessions,
                 api_key=api_key(spec),
                 read_timeout_s=timeout,
+                first_token_timeout_s=self._settings.first_token_timeout_s,
+                max_connections=_max_connections(spec),
             )
         elif kind == "engine":
             provider = self.engine_provider(model)
@@ -259,3 +257,11 @@ class RouteFactory:
         module = importlib.import_module("sluicegate.gateway.providers.engine.provider")
         provider: Provider = module.EngineProvider(self._redis, self._settings, model=model)
         return provider
+
+
+def _max_connections(spec: dict[str, Any]) -> int:
+    """A deployment's cap on calls in flight (``max_connections``; 0 or absent: none)."""
+    value = spec.get("max_connections", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"max_connections must be a whole number >= 0: {spec!r}")
+    return value

@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import yaml
 from redis.asyncio import Redis
 
@@ -36,7 +35,6 @@ from sluicegate.gateway.canonical import ChatRequest, Response, Usage
 from sluicegate.gateway.errors import ServiceUnavailable
 from sluicegate.gateway.providers.base import ProviderError
 from sluicegate.gateway.providers.hosted import Sessions
-from sluicegate.gateway.providers.openai import CONNECT_TIMEOUT_S
 from sluicegate.gateway.routing.config import ConfigError, Deployment, ModelRoute, RouteFactory
 from sluicegate.gateway.routing.counting import Counted, count_on
 from sluicegate.gateway.routing.discovery import Discovery
@@ -65,29 +63,23 @@ class Router:
         self,
         settings: Settings,
         redis: Redis,
-        client: httpx.AsyncClient,
         routes: list[ModelRoute] | None = None,
     ) -> None:
         self._settings = settings
         self._redis = redis
-        self.client = client
         self.sessions = Sessions()
-        """The hosted providers' aiohttp session."""
+        """The upstream providers' aiohttp session (no cap on its connections)."""
         self.discovering = routes is None
         self._routes: dict[str, ModelRoute] = {}
         self._names: dict[str, ModelRoute] = {}
-        self._factory = RouteFactory(settings, redis, client, self.sessions)
+        self._factory = RouteFactory(settings, redis, self.sessions)
         self._discovery = Discovery(redis, self._add_engine_model)
         for route in routes or []:
             self._add(route)
 
     @classmethod
     def from_settings(cls, settings: Settings, redis: Redis) -> Router:
-        client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.first_token_timeout_s, connect=CONNECT_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
-        )
-        router = cls(settings, redis, client, routes=[] if settings.config else None)
+        router = cls(settings, redis, routes=[] if settings.config else None)
         if settings.config:
             config = yaml.safe_load(Path(settings.config).read_text()) or {}
             for route in router.routes_from_config(config):
@@ -374,5 +366,4 @@ class Router:
         for route in self._routes.values():
             for deployment in route.deployments:
                 await deployment.provider.close()
-        await self.client.aclose()
         await self.sessions.close()

@@ -86,7 +86,7 @@ def test_upstream_5xx_is_retried_elsewhere_or_503(
 async def test_weighted_least_outstanding_order(redis_url: str) -> None:
     settings = Settings.from_env(redis_url=redis_url)
     redis = Redis.from_url(redis_url)
-    router = Router(settings, redis, httpx.AsyncClient(), routes=[])
+    router = Router(settings, redis, routes=[])
     (route,) = router.routes_from_config(
         {
             "models": [

@@ -26,6 +26,7 @@ import yaml
 from sluicegate.gateway.app import create_asgi_app
 from sluicegate.gateway.canonical import ChatRequest, Sampling, text_message
 from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.hosted import Sessions
 from sluicegate.gateway.providers.openai import OpenAIProvider
 from sluicegate.gateway.settings import Settings
 
@@ -191,13 +192,15 @@ async def test_non_streaming_https_call_waits_for_the_request_deadline(
     https_upstream: tuple[str, Path],
 ) -> None:
     base_url, cert = https_upstream
-    # The router's shared client: its read timeout is the (here short) first-token timeout.
-    client = httpx.AsyncClient(
-        timeout=httpx.Timeout(ANSWER_DELAY_S / 3, connect=5.0),
-        verify=ssl.create_default_context(cafile=str(cert)),
-    )
+    sessions = Sessions(ssl=ssl.create_default_context(cafile=str(cert)))
+    # The first-token timeout (a stream's per-read bound) is short here: a whole answer
+    # must wait for the request's deadline instead.
     provider = OpenAIProvider(
-        name="openai:sleepy", base_url=base_url, model="sleepy", client=client
+        name="openai:sleepy",
+        base_url=base_url,
+        model="sleepy",
+        sessions=sessions,
+        first_token_timeout_s=ANSWER_DELAY_S / 3,
     )
     try:
         answer = await provider.complete(_request(deadline_s=ANSWER_DELAY_S * 4))
@@ -210,4 +213,4 @@ async def test_non_streaming_https_call_waits_for_the_request_deadline(
         assert time.monotonic() - started < ANSWER_DELAY_S
     finally:
         await provider.close()
-        await client.aclose()
+        await sessions.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 import pytest
 
 from sluicegate.gateway.call.response_builder import ResponseBuilder
@@ -26,6 +25,7 @@ from sluicegate.gateway.canonical import (
     text_message,
 )
 from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.hosted import Sessions
 from sluicegate.gateway.providers.openai import OpenAIProvider
 
 from ..api.servers import ServerThread, Upstream
@@ -288,9 +288,9 @@ async def test_a_turn_of_two_tool_results_reaches_openai_compatible_upstreams(
 
     upstream = Upstream()
     server = ServerThread(upstream).start()
-    client = httpx.AsyncClient()
+    sessions = Sessions()
     provider = OpenAIProvider(
-        name="openai:m", base_url=f"{server.url}/v1", model="m", client=client
+        name="openai:m", base_url=f"{server.url}/v1", model="m", sessions=sessions
     )
     try:
         answer = await provider.complete(request)
@@ -300,5 +300,5 @@ async def test_a_turn_of_two_tool_results_reaches_openai_compatible_upstreams(
         assert sent[2:] == expected
     finally:
         await provider.close()
-        await client.aclose()
+        await sessions.close()
         server.stop()

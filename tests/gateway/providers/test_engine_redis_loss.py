@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -153,16 +152,15 @@ async def test_a_redis_error_on_submission_does_not_cool_the_deployment(
     # connection right after a restart, while the workers' heartbeats read fine.
     await redis.set(protocol.request_stream(model), "not a stream")
     settings = Settings(redis_url=redis_url, cooldown_failures=1, upstream_retries=0)
-    async with httpx.AsyncClient() as client:
-        deployment = Deployment(provider, kind="engine", model=model)
-        route = ModelRoute(model, deployments=[deployment])
-        router = Router(settings, redis, client, routes=[route])
-        with pytest.raises(ServiceUnavailable) as refused:
-            await router.complete(route, _request(model))
-        assert "engine transport (Redis) is unavailable" in refused.value.message
-        assert not deployment.cooling() and deployment.failures == 0
-        await redis.delete(protocol.request_stream(model))
-        worker = asyncio.create_task(_serve_one(redis, model))
-        _, answer = await router.complete(route, _request(model))
-        await asyncio.wait_for(worker, 5)
-        assert answer.text() == "hi"
+    deployment = Deployment(provider, kind="engine", model=model)
+    route = ModelRoute(model, deployments=[deployment])
+    router = Router(settings, redis, routes=[route])
+    with pytest.raises(ServiceUnavailable) as refused:
+        await router.complete(route, _request(model))
+    assert "engine transport (Redis) is unavailable" in refused.value.message
+    assert not deployment.cooling() and deployment.failures == 0
+    await redis.delete(protocol.request_stream(model))
+    worker = asyncio.create_task(_serve_one(redis, model))
+    _, answer = await router.complete(route, _request(model))
+    await asyncio.wait_for(worker, 5)
+    assert answer.text() == "hi"

@@ -9,11 +9,11 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
 from sluicegate.gateway.canonical import ChatRequest, text_message
 from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.providers.hosted import Sessions
 from sluicegate.gateway.providers.openai import OpenAIProvider
 
 from ..api.servers import ServerThread, dead_port, read_body, serve_lifespan
@@ -34,9 +34,10 @@ async def _leaky_upstream(scope: dict[str, Any], receive: Any, send: Any) -> Non
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as shared:
-        yield shared
+async def sessions() -> AsyncIterator[Sessions]:
+    shared = Sessions()
+    yield shared
+    await shared.close()
 
 
 def _request() -> ChatRequest:
@@ -53,11 +54,14 @@ async def _ask(provider: OpenAIProvider, stream: bool) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 async def test_an_unreachable_upstream_is_logged_without_its_address(
-    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, stream: bool
+    sessions: Sessions, caplog: pytest.LogCaptureFixture, stream: bool
 ) -> None:
     port = dead_port()
     provider = OpenAIProvider(
-        name="dead-deployment", base_url=f"http://127.0.0.1:{port}/v1", model="m", client=client
+        name="dead-deployment",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        model="m",
+        sessions=sessions,
     )
     try:
         with caplog.at_level(logging.DEBUG, logger="sluicegate.gateway.providers"):
@@ -72,11 +76,11 @@ async def test_an_unreachable_upstream_is_logged_without_its_address(
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-async def test_a_client_error_reaches_the_client_redacted(
-    client: httpx.AsyncClient, stream: bool
-) -> None:
+async def test_a_client_error_reaches_the_client_redacted(sessions: Sessions, stream: bool) -> None:
     server = ServerThread(_leaky_upstream).start()
-    provider = OpenAIProvider(name="leaky", base_url=f"{server.url}/v1", model="m", client=client)
+    provider = OpenAIProvider(
+        name="leaky", base_url=f"{server.url}/v1", model="m", sessions=sessions
+    )
     try:
         with pytest.raises(ProviderError) as caught:
             await _ask(provider, stream)

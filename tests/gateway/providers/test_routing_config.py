@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -15,7 +14,6 @@ async def router(redis_url: str) -> Router:
     return Router(
         Settings.from_env(redis_url=redis_url),
         Redis.from_url(redis_url),
-        httpx.AsyncClient(),
         routes=[],
     )
 

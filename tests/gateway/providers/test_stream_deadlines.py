@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from sluicegate.gateway.canonical import ChatRequest, Message, TextPart
@@ -82,12 +81,20 @@ async def drain(provider: Any, deadline: float) -> tuple[int, ProviderError | No
 
 
 async def test_an_openai_compatible_stream_ends_at_the_deadline(drip_url: str) -> None:
-    async with httpx.AsyncClient(timeout=5) as client:
+    sessions = Sessions()
+    try:
         provider = OpenAIProvider(
-            name="drip", base_url=drip_url + "/v1", model="m", client=client, read_timeout_s=5
+            name="drip",
+            base_url=drip_url + "/v1",
+            model="m",
+            sessions=sessions,
+            read_timeout_s=5,
+            first_token_timeout_s=5,
         )
         started = time.monotonic()
         chunks, error = await asyncio.wait_for(drain(provider, time.time() + 0.5), 10)
+    finally:
+        await sessions.close()
     assert error is not None and error.status_code == 504
     assert not error.retryable  # the client already had output
     assert chunks > 0
