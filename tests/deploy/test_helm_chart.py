@@ -468,7 +468,7 @@ def test_values_schema_rejects_bad_values_at_install_time(
 def test_the_documented_installs_render_and_validate(chart: ChartUnderTest) -> None:
     """The deployment docs' my-values.yaml and --set trial install both work as written."""
     repo = chart.directory.parents[1]
-    doc = (repo / "README.md").read_text()
+    doc = (repo / "docs" / "operations.md").read_text()
     my_values_block = re.search(r"`my-values.yaml` like:\n+```yaml\n(.*?)```", doc, re.DOTALL)
     assert my_values_block
     my_values = yaml.safe_load(my_values_block[1])
