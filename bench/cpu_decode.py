@@ -1,10 +1,11 @@
 """The CPU backend's compiled decode kernel against the torch reference, side by side.
 
 One decode step's attention for a batch shaped like bench/engine_throughput.py's model (8 query
-heads over 2 KV heads, head_dim 64, 16-token blocks, float32) with context lengths uniform in
-``--min-len..--max-len``, the blocks scattered through a larger cache. The two run alternately,
-``--rounds`` times each; the last line is one JSON object: reference_us, compiled_us (median
-per call) and speedup.
+heads over 2 KV heads, head_dim 64, 16-token blocks) with context lengths uniform in
+``--min-len..--max-len``, the blocks scattered through a larger cache, queries and cache in
+``--dtype`` (float32, bfloat16 or float16: the reference gathers a 16-bit cache into a float32
+copy, the kernel reads it in place). The two run alternately, ``--rounds`` times each; the
+last line is one JSON object: reference_us, compiled_us (median per call) and speedup.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import torch  # noqa: E402
 
 from sluicegate.kernels import cpu_attention, reference  # noqa: E402
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -33,7 +36,9 @@ def main() -> int:
     parser.add_argument("--max-len", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
     args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
     if not cpu_attention.available():
         print("the C++ decode kernel could not be built here", file=sys.stderr)
@@ -44,11 +49,11 @@ def main() -> int:
     max_blocks = -(-args.max_len // block_size)
     num_blocks = 2 * args.batch * max_blocks
     shape = (num_blocks, block_size, kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=generator)
-    v_cache = torch.randn(shape, generator=generator)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
     tables = torch.randperm(num_blocks, generator=generator)[: args.batch * max_blocks]
     step = (
-        torch.randn(args.batch, heads, head_dim, generator=generator),
+        torch.randn(args.batch, heads, head_dim, generator=generator).to(dtype),
         k_cache,
         v_cache,
         tables.view(args.batch, max_blocks).to(torch.int32),

@@ -4,14 +4,20 @@ rows, ``csrc/paged_prefill.cpp`` for requests with several queries (prompts and 
 The torch reference (``sluicegate.kernels.reference``) gathers every request's blocks into a contiguous
 fp32 copy and runs SDPA over it; on a CPU those copies are most of the attention time. The
 C++ kernels read keys and values in place through the block table (``bench/cpu_decode.py``).
-Same signatures as ``sluicegate.kernels.reference``, float32 CPU tensors only (others take the reference
-whole; prefill rows of a head_dim or block size that is not a multiple of 16 too).
+Same signatures as ``sluicegate.kernels.reference``, for CPU tensors of float32, bfloat16 or float16
+(others take the reference whole; prefill rows of a head_dim or block size that is not a
+multiple of 16 too). A 16-bit cache is read as it is stored and widened to float32 in
+registers, so scores, softmax and the weighted sum are float32 as in the reference, which
+gathers a float32 copy first; the queries go in as float32 and the output comes back in
+their dtype.
 
 The kernel is part of the CPU kernels' extension (``sluicegate.kernels.cpu_build``), built on first use;
 without a C++ compiler ``available()`` says no and the engine keeps the torch backend.
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 
@@ -28,10 +34,11 @@ def store_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """``sluicegate.kernels.reference.store_kv``; row copies in C++ for float32 caches."""
+    """``sluicegate.kernels.reference.store_kv``; row copies in C++ where key, value and cache
+    share a dtype (float32, bfloat16 or float16)."""
     if (
         cpu_ops.supports(key)
-        and k_cache.dtype == torch.float32
+        and key.dtype == value.dtype == k_cache.dtype == v_cache.dtype
         and k_cache.is_contiguous()
         and v_cache.is_contiguous()
     ):
@@ -61,12 +68,30 @@ def paged_attention(
     if (
         kernels is None
         or q.device.type != "cpu"
-        or k_cache.dtype != torch.float32
-        or q.dtype != torch.float32
+        or k_cache.dtype not in cpu_ops.DTYPES
+        or v_cache.dtype != k_cache.dtype
+        or q.dtype not in cpu_ops.DTYPES
     ):
         return reference.paged_attention(
             q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, softmax_scale
         )
+    # The kernels take float32 queries (a few rows a step: the conversion is cheap beside the
+    # cache it spares) and return float32; both are no-ops for a float32 model.
+    return _attention(
+        kernels, q.float(), k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, softmax_scale
+    ).to(q.dtype)
+
+
+def _attention(
+    kernels: ModuleType,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    softmax_scale: float,
+) -> torch.Tensor:
     num_tokens = q.shape[0]
     num_seqs = seq_lens.shape[0]
     tables = block_tables.to(torch.int32).contiguous()

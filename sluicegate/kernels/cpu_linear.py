@@ -1,5 +1,5 @@
-"""Float32 linears on the CPU through the compiled packed-weight product
-(``csrc/packed_linear.cpp``); ``torch.nn.functional.linear`` is its reference.
+"""Linears on the CPU through the compiled packed-weight product (``csrc/packed_linear.cpp``);
+``torch.nn.functional.linear`` is its reference.
 
 A decode step multiplies a few tens of rows by every weight of the model, so it streams all
 the weights from memory once per step. oneDNN (the engine's other CPU path) leaves that
@@ -8,6 +8,11 @@ sequentially, six rows per register tile with AVX2 (twelve rows over two panels 
 has AVX-512: ``isa()``), and prefetches the next panel while it works on the current one
 (``bench/cpu_linear.py``). Part of the CPU kernels' extension (``sluicegate.kernels.cpu_build``);
 ``available()`` is False without a compiler or without AVX2 and FMA.
+
+A bfloat16 or float16 weight is packed in its own dtype: half the bytes of float32 to stream
+per step. The kernel widens it to float32 in registers and multiplies float32 rows of x
+(16-bit inputs are widened first) with float32 accumulators, so its product is
+``F.linear`` in float32 on the same weight values; the output is rounded back to x's dtype.
 """
 
 from __future__ import annotations
@@ -39,8 +44,12 @@ def allow_avx512(allow: bool) -> bool:
     return bool(kernels.packed_linear_allow_avx512(allow))
 
 
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
 class PackedWeight:
-    """A linear layer's float32 weight ([out, in]) and bias, packed once for ``linear``.
+    """A linear layer's weight ([out, in]) and bias, packed once for ``linear``: a float32,
+    bfloat16 or float16 weight in its own dtype (others as float32), the bias as float32.
 
     ``gated``: the weight is a gated MLP's fused gate and up projections ([2I, in], gate rows
     first), and ``linear`` returns ``silu(gate) * up`` ([..., I]) instead of both halves.
@@ -54,7 +63,11 @@ class PackedWeight:
         self.rows, self.in_features = weight.shape
         self.gated = gated
         self.out_features = self.rows // 2 if gated else self.rows
-        self.panels = kernels.pack_linear_weight(weight.detach().float().contiguous(), gated)
+        weight = weight.detach()
+        if weight.dtype not in _HALF_DTYPES:
+            weight = weight.float()
+        self.dtype = weight.dtype
+        self.panels = kernels.pack_linear_weight(weight.contiguous(), gated)
         self.bias = None if bias is None else bias.detach().float().contiguous()
 
 
@@ -65,12 +78,15 @@ def pack(
 
 
 def linear(x: torch.Tensor, weight: PackedWeight) -> torch.Tensor:
-    """``torch.nn.functional.linear(x, weight, bias)`` for float32 ``x`` of any leading shape
-    (for a gated weight, SiLU of its first half times its second)."""
+    """``torch.nn.functional.linear(x, weight, bias)`` for float32, bfloat16 or float16 ``x``
+    of any leading shape, in x's dtype (for a gated weight, SiLU of its first half times its
+    second)."""
     kernels = extension()
     assert kernels is not None
     rows = x.reshape(-1, weight.in_features)
+    if x.dtype in _HALF_DTYPES:
+        rows = rows.float()  # keeps a transposed view's strides
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     out = kernels.packed_linear(rows, weight.panels, weight.rows, weight.bias, weight.gated)
-    return out.view(*x.shape[:-1], weight.out_features)
+    return out.view(*x.shape[:-1], weight.out_features).to(x.dtype)

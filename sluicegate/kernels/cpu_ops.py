@@ -4,9 +4,11 @@ the residual add before it), SiLU x mul, rotary embedding in place, and the KV-c
 
 Their references are the torch code they stand in for: ``sluicegate.engine.models.layers`` (RMSNorm,
 ``apply_rotary``, GatedMLP) and ``sluicegate.kernels.reference.store_kv``. ``supports(x)`` says whether
-a tensor can take them: float32 on the CPU with the CPU kernels' extension built
-(``sluicegate.kernels.cpu_build``); anything else keeps the torch code, so CUDA graphs and compilation
-never see these.
+a tensor can take them: float32, bfloat16 or float16 on the CPU with the CPU kernels'
+extension built (``sluicegate.kernels.cpu_build``); anything else keeps the torch code, so CUDA graphs
+and compilation never see these. Every tensor of one call (weights, cos and sin, caches) has
+the dtype of ``x``: 16-bit rows are widened to float32, computed, and rounded as they are
+stored (RMSNorm also where its reference casts back before the weight).
 """
 
 from __future__ import annotations
@@ -17,15 +19,18 @@ import torch
 
 from sluicegate.kernels.cpu_build import extension
 
-__all__ = ["add_rms_norm_", "rms_norm", "rotary_", "silu_and_mul", "store_kv", "supports"]
+__all__ = ["DTYPES", "add_rms_norm_", "rms_norm", "rotary_", "silu_and_mul", "store_kv", "supports"]
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The element types the CPU kernels read and write (computing in float32)."""
 
 
 def supports(x: torch.Tensor) -> bool:
-    """Float32 on the CPU, eager (a forward being compiled keeps the torch code), and the
-    extension built."""
+    """One of ``DTYPES`` on the CPU, eager (a forward being compiled keeps the torch code),
+    and the extension built."""
     return (
         x.device.type == "cpu"
-        and x.dtype == torch.float32
+        and x.dtype in DTYPES
         and not torch.compiler.is_compiling()
         and extension() is not None
     )

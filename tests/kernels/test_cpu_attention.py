@@ -1,4 +1,5 @@
-"""The CPU backend's compiled decode kernel against the torch reference and naive attention."""
+"""The CPU backend's compiled attention kernels against the torch reference and naive
+attention, for float32, bfloat16 and float16 caches."""
 
 from __future__ import annotations
 
@@ -12,12 +13,25 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
 def _assert_matches_reference(case, tolerances) -> torch.Tensor:
     out = cpu_attention.paged_attention(*case.args())
     assert out.dtype == case.q.dtype and out.shape == case.q.shape
     torch.testing.assert_close(
         out, reference.paged_attention(*case.args()), **tolerances[case.q.dtype]
     )
+    if case.q.dtype != torch.float32:
+        # Float32 queries over the same 16-bit cache: both sides widen the cache's values to
+        # float32 (the reference in a gathered copy, the kernel as it loads them) and compute
+        # in float32, so they agree to float32's tolerance, not just to the dtype's rounding.
+        args = (case.q.float(), *case.args()[1:])
+        wide = cpu_attention.paged_attention(*args)
+        assert wide.dtype == torch.float32
+        torch.testing.assert_close(
+            wide, reference.paged_attention(*args), **tolerances[torch.float32]
+        )
     return out
 
 
@@ -26,23 +40,34 @@ def _assert_matches_reference(case, tolerances) -> torch.Tensor:
     "num_heads,num_kv_heads", [(4, 4), (8, 2), (14, 2)], ids=["mha", "gqa4", "gqa7"]
 )
 @pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_ragged_batch_matches_reference(
-    make_paged_case, ragged_specs, tolerances, head_dim, num_heads, num_kv_heads, block_size
+    make_paged_case,
+    ragged_specs,
+    tolerances,
+    head_dim,
+    num_heads,
+    num_kv_heads,
+    block_size,
+    dtype,
 ) -> None:
-    case = make_paged_case(ragged_specs[block_size], num_heads, num_kv_heads, head_dim, block_size)
+    case = make_paged_case(
+        ragged_specs[block_size], num_heads, num_kv_heads, head_dim, block_size, dtype=dtype
+    )
     _assert_matches_reference(case, tolerances)
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_all_decode_batch_matches_naive_attention(
-    make_paged_case, naive_attention, tolerances, block_size
+    make_paged_case, naive_attention, tolerances, block_size, dtype
 ) -> None:
     # Every request one query (the step the kernel takes whole), lengths on and off block
     # boundaries, one of a single token.
     specs = [(1, 1), (block_size, 1), (block_size + 1, 1), (3 * block_size - 1, 1), (90, 1)]
-    case = make_paged_case(specs, 8, 2, 64, block_size, seed=3)
+    case = make_paged_case(specs, 8, 2, 64, block_size, dtype=dtype, seed=3)
     out = _assert_matches_reference(case, tolerances)
-    torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[torch.float32])
+    torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[dtype])
 
 
 def test_table_entries_past_the_end_are_never_read(make_paged_case, tolerances) -> None:
@@ -54,21 +79,37 @@ def test_table_entries_past_the_end_are_never_read(make_paged_case, tolerances) 
 
 
 def test_other_dtypes_take_the_reference(make_paged_case, ragged_specs) -> None:
-    case = make_paged_case(ragged_specs[16], 8, 2, 64, 16, dtype=torch.bfloat16)
+    case = make_paged_case(ragged_specs[16], 8, 2, 64, 16, dtype=torch.float64)
     out = cpu_attention.paged_attention(*case.args())
     assert torch.equal(out, reference.paged_attention(*case.args()))
+    # Caches of two dtypes are no layout the kernels read.
+    case = make_paged_case(ragged_specs[16], 8, 2, 64, 16, dtype=torch.bfloat16)
+    args = list(case.args())
+    args[2] = args[2].half()
+    out = cpu_attention.paged_attention(*args)
+    assert torch.equal(out, reference.paged_attention(*args))
 
 
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(
     "num_heads,num_kv_heads,head_dim", [(8, 2, 64), (14, 2, 128), (4, 4, 80)], ids=str
 )
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_prefills_match_naive_attention(
-    make_paged_case, naive_attention, tolerances, block_size, num_heads, num_kv_heads, head_dim
+    make_paged_case,
+    naive_attention,
+    tolerances,
+    block_size,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    dtype,
 ) -> None:
     # The prefill kernel's tiles: a fresh prompt of several 16-position tiles, a chunk after
     # a cached prefix that ends mid-block, one shorter than a tile, beside a decode row.
     specs = [(150, 150), (187, 150), (45, 9), (70, 1), (33, 33)]
-    case = make_paged_case(specs, num_heads, num_kv_heads, head_dim, block_size, seed=11)
+    case = make_paged_case(
+        specs, num_heads, num_kv_heads, head_dim, block_size, dtype=dtype, seed=11
+    )
     out = _assert_matches_reference(case, tolerances)
-    torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[torch.float32])
+    torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[dtype])

@@ -45,6 +45,28 @@ def race(model: nn.Module) -> dict[int, float]:
     return ratios
 
 
+def race_half(model: nn.Module) -> dict[int, float]:
+    """``race`` for a bfloat16 or float16 model: the packed product against
+    torch's own linear, on a slice of the widest layer linear kept in the model's dtype and
+    rows of that dtype."""
+    widest = _widest_layer_linear(model)
+    dtype = widest.weight.dtype
+    out_features = min(widest.out_features, _MAX_OUT_FEATURES)
+    piece = nn.Linear(widest.in_features, out_features, bias=widest.bias is not None, dtype=dtype)
+    with torch.no_grad():
+        piece.weight.copy_(widest.weight[:out_features])
+        if widest.bias is not None:
+            piece.bias.copy_(widest.bias[:out_features])
+    kernels = (PackedLinear(piece), piece)
+    ratios: dict[int, float] = {}
+    with torch.inference_mode():
+        for rows in RACE_ROWS:
+            x = torch.randn(rows, piece.in_features, dtype=dtype)
+            packed, own = _best_times([partial(kernel, x) for kernel in kernels])
+            ratios[rows] = packed / own
+    return ratios
+
+
 def packed_wins(ratios: dict[int, float]) -> bool:
     """The packed kernel unless it is slower over the raced sizes taken together
     (geometric mean of the ratios: each size counts alike, however long it takes)."""

@@ -1,9 +1,17 @@
-"""Which kernel runs a CPU float32 model's linears: ``packed`` (the compiled packed-weight
-product, ``sluicegate.kernels.cpu_linear``), ``onednn`` (``sluicegate.engine.models.onednn``) or ``torch`` (aten's
-default GEMM, ``nn.Linear`` as loaded). ``auto`` takes the faster of packed and oneDNN on
-this machine, raced at start-up (``sluicegate.engine.models.cpu_linear_race``); either is 1.3-1.9x
-faster than aten (``bench/cpu_linear.py``). The maths is the same float32 product; only the
-summation order differs, as between any two GEMM libraries.
+"""Which kernel runs a CPU model's linears: ``packed`` (the compiled packed-weight product,
+``sluicegate.kernels.cpu_linear``), ``onednn`` (``sluicegate.engine.models.onednn``) or ``torch``
+(aten's default GEMM, ``nn.Linear`` as loaded).
+
+Float32 models: ``auto`` takes the faster of packed and oneDNN on this machine, raced at
+start-up (``sluicegate.engine.models.cpu_linear_race``); either is 1.3-1.9x faster than aten
+(``bench/cpu_linear.py``). The maths is the same float32 product; only the summation order
+differs, as between any two GEMM libraries.
+
+Bfloat16 and float16 models: the packed product keeps the weights in the model's dtype (half
+the bytes of float32 to stream per step) and computes in float32; torch's own 16-bit linear
+is the other side, which is oneDNN's 16-bit GEMM where the CPU has the instructions for it
+(our ``OneDNNLinear`` would need them too, so ``onednn`` means torch's own here). ``auto``
+races the two the same way, on the model's own dtype.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ import logging
 import torch
 from torch import nn
 
-from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race
+from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race, race_half
 from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.engine.models.onednn import OneDNNLinear
 from sluicegate.engine.models.packed_linear import PackedLinear
@@ -23,23 +31,33 @@ CPU_LINEARS = ("auto", "packed", "onednn", "torch")
 logger = logging.getLogger(__name__)
 
 
-def _float32_on_cpu(model: nn.Module) -> bool:
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _cpu_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype of all the model's parameters where they are on the CPU and share one."""
     params = list(model.parameters())
-    return bool(params) and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in params)
+    dtypes = {p.dtype for p in params}
+    if not params or len(dtypes) != 1 or any(p.device.type != "cpu" for p in params):
+        return None
+    return dtypes.pop()
 
 
 def resolve_cpu_linears(requested: str, model: nn.Module) -> str:
-    """The kernel ``requested`` means for ``model``: ``torch`` unless the model is float32 on
-    the CPU; ``auto`` the fastest this machine has."""
+    """The kernel ``requested`` means for ``model``: ``torch`` unless the model is float32,
+    bfloat16 or float16 on the CPU; ``auto`` the fastest this machine has."""
     if requested not in CPU_LINEARS:
         raise ValueError(f"unknown cpu_linears {requested!r}; choose one of {CPU_LINEARS}")
-    if requested == "torch" or not _float32_on_cpu(model):
+    dtype = _cpu_dtype(model)
+    if requested == "torch" or dtype not in (torch.float32, *_HALF_DTYPES):
         return "torch"
     from sluicegate.kernels import cpu_linear
 
     packed, onednn = cpu_linear.available(), torch.backends.mkldnn.is_available()
     if requested == "packed" and not packed:
         raise ValueError("cpu_linears='packed' needs the CPU kernels built with AVX2 and FMA")
+    if dtype in _HALF_DTYPES:
+        return _resolve_half(requested, model, dtype, packed)
     if requested == "onednn" and not onednn:
         raise ValueError("cpu_linears='onednn' needs a torch built with oneDNN")
     if requested != "auto":
@@ -51,6 +69,27 @@ def resolve_cpu_linears(requested: str, model: nn.Module) -> str:
         )
         return "packed" if packed_wins(ratios) else "onednn"
     return "packed" if packed else "onednn" if onednn else "torch"
+
+
+def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: bool) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if requested == "packed":
+        return "packed"
+    if requested == "onednn":
+        logger.info("cpu_linears='onednn' on a %s model: torch's own linear (oneDNN's)", name)
+        return "torch"
+    if not packed:
+        logger.info("CPU linears of a %s model: torch's own (no packed product here)", name)
+        return "torch"
+    ratios = race_half(model)
+    kind = "packed" if packed_wins(ratios) else "torch"
+    logger.info(
+        "CPU linears of a %s model raced, the packed product's time over torch's own: %s; %s",
+        name,
+        describe(ratios),
+        kind,
+    )
+    return kind
 
 
 def swap_cpu_linears(model: nn.Module, kind: str) -> int:

@@ -1,7 +1,8 @@
 """Building blocks shared by the native decoder models (RMSNorm, rotary embedding, MLP).
 
-The torch code here is the definition; float32 tensors on the CPU take the compiled
-equivalents in ``sluicegate.kernels.cpu_ops`` instead (one pass where torch runs several operators).
+The torch code here is the definition; float32, bfloat16 and float16 tensors on the CPU take
+the compiled equivalents in ``sluicegate.kernels.cpu_ops`` instead (one pass where torch runs
+several operators), where every tensor of the call has one dtype.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ class RMSNorm(nn.Module):
     """Normalises in float32 and casts back before scaling, exactly as the HF Llama family.
 
     Given the residual stream too, it first adds ``x`` to it (the decoder layer's residual
-    connection) and returns the normalised sum and the sum; on the CPU in float32 both happen
-    in place, in ``x`` and ``residual``.
+    connection) and returns the normalised sum and the sum; on the CPU (the weight in x's
+    dtype) both happen in place, in ``x`` and ``residual``.
     """
 
     def __init__(self, size: int, eps: float) -> None:
@@ -39,12 +40,12 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        compiled = cpu_ops.supports(x)
+        compiled = cpu_ops.supports(x) and self.weight.dtype == x.dtype
         if residual is None:
             if compiled:
                 return cpu_ops.rms_norm(x, self.weight, self.eps)
             return self._normalize(x)
-        if compiled and x.dim() == 2 and residual.dim() == 2:
+        if compiled and x.dim() == 2 and residual.dim() == 2 and residual.dtype == x.dtype:
             return cpu_ops.add_rms_norm_(x, residual, self.weight, self.eps)
         residual = residual + x
         return self._normalize(residual), residual
@@ -84,8 +85,8 @@ class RotaryEmbedding:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x`` [tokens, heads, head_dim] rotated by ``cos``/``sin`` [tokens, head_dim] (on the
-    CPU in float32: in place)."""
-    if cpu_ops.supports(x):
+    CPU, all three of one dtype: in place)."""
+    if cpu_ops.supports(x) and cos.dtype == sin.dtype == x.dtype:
         return cpu_ops.rotary_(x, cos, sin)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,4 +1,6 @@
-// y = x @ W^T (+ bias) on the CPU in float32, W packed once into 16-column panels.
+// y = x @ W^T (+ bias) on the CPU, x float32, W packed once into 16-column panels of its
+// own dtype (float32, bfloat16 or float16: csrc/packed_tiles.h widens 16-bit panels in
+// registers), float32 accumulators and output.
 //
 // Decode steps multiply a few tens of rows by every weight of the model, so each step streams
 // all weights from memory once: the product is as fast as that stream when the arithmetic
@@ -7,10 +9,11 @@
 // each panel line once per six rows. Summation runs over k in order with fused multiply-adds,
 // one float32 accumulator per output: plain float32 maths, as torch.nn.functional.linear.
 //
-// pack:    w [N, K] float32 -> packed [ceil(N/16), K, 16] (columns past N are zero), kept in
-//          2 MiB-aligned memory with transparent huge pages asked for: a step touches every
-//          page of every weight, and 4 KiB pages would cost a TLB miss per page.
-// linear:  x [M, K] float32 (rows contiguous), packed, N, bias [N] or None -> [M, N]
+// pack:    w [N, K] -> packed [ceil(N/16), K, 16] of w's dtype (columns past N are zero),
+//          kept in 2 MiB-aligned memory with transparent huge pages asked for: a step touches
+//          every page of every weight, and 4 KiB pages would cost a TLB miss per page.
+// linear:  x [M, K] float32 (rows contiguous), packed, N, bias [N] float32 or None
+//          -> [M, N] float32
 //
 // Gated ("gated" true): w is a gated MLP's fused gate and up projections, [2I, K] (gate rows
 // first), and the product is silu(x W_gate^T + b_gate) * (x W_up^T + b_up), [M, I]: gate
@@ -23,6 +26,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "convert.h"
 #include "parallel_items.h"
 
 #include <sys/mman.h>
@@ -33,157 +37,22 @@
 #include <cstring>
 #include <type_traits>
 
-// Built only where the compiler targets AVX2 with FMA (sluicegate/kernels/cpu_build.py passes the flags
-// this CPU has); elsewhere packed_linear_supported() says no and the engine keeps oneDNN.
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+// Built only where the compiler targets AVX2 with FMA (sluicegate/kernels/cpu_build.py passes
+// the flags this CPU has); elsewhere packed_linear_supported() says no and the engine keeps
+// oneDNN.
+#ifdef SG_VECTOR
+#include "packed_tiles.h"
 
 bool packed_linear_supported() { return true; }
 
 namespace {
 
-constexpr int64_t kCols = 16;      // columns per panel: two 8-float vectors
-constexpr int64_t kRows = 6;       // rows per register tile: 12 accumulators of 16 registers
+using namespace sg::packed;
+
 constexpr int64_t kBlockBytes = 192 << 10;  // rows of x per block: this much of x, in L2
 constexpr int64_t kGroupBytes = 1 << 20;  // panels per group: this much weight, in L3
 constexpr int64_t kRunPanels = 8;  // panels per work item when all rows are one block
 constexpr size_t kHugePage = size_t(2) << 20;
-
-// One register tile: rows [0, R) of A times one panel, over all of K.
-#define SG_ROW(r)                                               \
-  if constexpr (R > r) {                                        \
-    const __m256 a = _mm256_broadcast_ss(A + r * lda + k);      \
-    c##r##0 = _mm256_fmadd_ps(a, b0, c##r##0);                  \
-    c##r##1 = _mm256_fmadd_ps(a, b1, c##r##1);                  \
-  }
-#define SG_STORE(r)                                                    \
-  if constexpr (R > r) {                                               \
-    const __m256 lo = _mm256_add_ps(c##r##0, bias_lo);                 \
-    const __m256 hi = _mm256_add_ps(c##r##1, bias_hi);                 \
-    if (cols == kCols) {                                               \
-      _mm256_storeu_ps(C + r * ldc, lo);                               \
-      _mm256_storeu_ps(C + r * ldc + 8, hi);                           \
-    } else {                                                           \
-      alignas(32) float row[kCols];                                    \
-      _mm256_store_ps(row, lo);                                        \
-      _mm256_store_ps(row + 8, hi);                                    \
-      std::memcpy(C + r * ldc, row, cols * sizeof(float));             \
-    }                                                                  \
-  }
-
-template <int R>
-void tile(const float* A, int64_t lda, const float* panel, int64_t K, float* C, int64_t ldc,
-          const float* bias, int64_t cols) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
-         c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = _mm256_load_ps(panel + k * kCols);
-    const __m256 b1 = _mm256_load_ps(panel + k * kCols + 8);
-    SG_ROW(0) SG_ROW(1) SG_ROW(2) SG_ROW(3) SG_ROW(4) SG_ROW(5)
-  }
-  alignas(32) float padded[kCols] = {0};
-  if (bias != nullptr) std::memcpy(padded, bias, cols * sizeof(float));
-  const __m256 bias_lo = _mm256_load_ps(padded), bias_hi = _mm256_load_ps(padded + 8);
-  SG_STORE(0) SG_STORE(1) SG_STORE(2) SG_STORE(3) SG_STORE(4) SG_STORE(5)
-}
-#undef SG_ROW
-#undef SG_STORE
-
-constexpr int64_t kWideRows = 12;  // rows per AVX-512 tile: 12 accumulators of 32 registers
-
-// The first ``cols`` lanes of a panel (a model's last panel may be narrower than 16).
-__mmask16 columns_mask(int64_t cols) {
-  return cols >= kCols ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
-}
-
-// A panel's bias in one register (zero where there is none or past ``mask``).
-__attribute__((target("avx512f"))) inline __m512 wide_bias(const float* bias, __mmask16 mask) {
-  return bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias);
-}
-
-template <int R>
-__attribute__((target("avx512f"))) void wide_tile(const float* A, int64_t lda,
-                                                 const float* panel, int64_t K, float* C,
-                                                 int64_t ldc, const float* bias, int64_t cols) {
-  __m512 c[R];
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) c[r] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const __m512 b = _mm512_load_ps(panel + k * kCols);
-#pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[r * lda + k]), b, c[r]);
-  }
-  const __mmask16 mask = columns_mask(cols);
-  const __m512 bias_v = wide_bias(bias, mask);
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(C + r * ldc, mask, _mm512_add_ps(c[r], bias_v));
-}
-
-// Rows [0, R) of A times two panels side by side (24 accumulators): each x value loaded
-// serves two panels, so a tile does twice the multiply-adds per load of x.
-template <int R>
-__attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t lda,
-                                                      const float* p0, const float* p1,
-                                                      int64_t K, float* C0, float* C1,
-                                                      int64_t ldc, const float* b0,
-                                                      const float* b1, int64_t cols0,
-                                                      int64_t cols1) {
-  __m512 c0[R], c1[R];
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const __m512 w0 = _mm512_load_ps(p0 + k * kCols);
-    const __m512 w1 = _mm512_load_ps(p1 + k * kCols);
-#pragma GCC unroll 12
-    for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(A[r * lda + k]);
-      c0[r] = _mm512_fmadd_ps(a, w0, c0[r]);
-      c1[r] = _mm512_fmadd_ps(a, w1, c1[r]);
-    }
-  }
-  const __mmask16 m0 = columns_mask(cols0), m1 = columns_mask(cols1);
-  const __m512 bias0 = wide_bias(b0, m0), bias1 = wide_bias(b1, m1);
-#pragma GCC unroll 12
-  for (int r = 0; r < R; ++r) {
-    _mm512_mask_storeu_ps(C0 + r * ldc, m0, _mm512_add_ps(c0[r], bias0));
-    _mm512_mask_storeu_ps(C1 + r * ldc, m1, _mm512_add_ps(c1[r], bias1));
-  }
-}
-
-// f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows <= Max: a tile's row count
-// known at run time picks the template compiled for it.
-template <int Max, typename F>
-void with_rows(int64_t rows, F&& f) {
-  if constexpr (Max > 1) {
-    if (rows < Max) return with_rows<Max - 1>(rows, f);
-  }
-  f(std::integral_constant<int, Max>{});
-}
-
-// Rows [0, rows) of A times one panel in one AVX-512 tile (rows <= kWideRows).
-void wide_tile_rows(const float* A, int64_t lda, int64_t rows, const float* panel, int64_t K,
-                    float* C, int64_t ldc, const float* bias, int64_t cols) {
-  with_rows<kWideRows>(rows, [&](auto r) {
-    wide_tile<decltype(r)::value>(A, lda, panel, K, C, ldc, bias, cols);
-  });
-}
-
-// Rows [0, rows) of A (rows <= kWideRows) times two panels in one AVX-512 tile.
-void wide_pair_rows(const float* A, int64_t lda, int64_t rows, const float* p0,
-                    const float* p1, int64_t K, float* C0, float* C1, int64_t ldc,
-                    const float* b0, const float* b1, int64_t cols0, int64_t cols1) {
-  with_rows<kWideRows>(rows, [&](auto r) {
-    wide_pair_tile<decltype(r)::value>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1);
-  });
-}
-
-// Rows [0, rows) of A (rows <= kRows) times one panel in one AVX2 tile.
-void tile_rows(const float* A, int64_t lda, int64_t rows, const float* panel, int64_t K,
-               float* C, int64_t ldc, const float* bias, int64_t cols) {
-  with_rows<kRows>(rows, [&](auto r) {
-    tile<decltype(r)::value>(A, lda, panel, K, C, ldc, bias, cols);
-  });
-}
 
 std::atomic<bool> wide_allowed{true};
 
@@ -195,9 +64,9 @@ bool wide_supported() {
 // Rows per tile on this CPU: AVX-512's 12 where it has it (and tests have not turned it off).
 int64_t tile_height() { return wide_supported() && wide_allowed.load() ? kWideRows : kRows; }
 
-void any_tile_rows(int64_t height, const float* A, int64_t lda, int64_t rows,
-                   const float* panel, int64_t K, float* C, int64_t ldc, const float* bias,
-                   int64_t cols) {
+template <typename P>
+void any_tile_rows(int64_t height, const float* A, int64_t lda, int64_t rows, const P* panel,
+                   int64_t K, float* C, int64_t ldc, const float* bias, int64_t cols) {
   if (height == kWideRows) {
     wide_tile_rows(A, lda, rows, panel, K, C, ldc, bias, cols);
   } else {
@@ -219,8 +88,9 @@ void even_tiles(int64_t M, int64_t height, F&& f) {
 
 // Rows [0, M) of A times one panel, or two side by side (``p1`` given: AVX-512 tiles only),
 // in tiles of at most ``height`` rows.
-void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const float* p0,
-                const float* p1, int64_t K, float* C0, float* C1, int64_t ldc,
+template <typename P>
+void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const P* p0,
+                const P* p1, int64_t K, float* C0, float* C1, int64_t ldc,
                 const float* b0, const float* b1, int64_t cols0, int64_t cols1) {
   even_tiles(M, height, [&](int64_t m, int64_t rows) {
     const float* a = A + m * lda;
@@ -234,8 +104,9 @@ void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const fl
 }
 
 // Rows [0, M) of A times a gate panel and its up panel: silu(gate) * up into C.
-void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M,
-                      const float* gate, const float* up, int64_t K, float* C, int64_t ldc,
+template <typename P>
+void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const P* gate,
+                      const P* up, int64_t K, float* C, int64_t ldc,
                       const float* gate_bias, const float* up_bias, int64_t cols) {
   alignas(64) float g[kWideRows * kCols], u[kWideRows * kCols];
   even_tiles(M, height, [&](int64_t m, int64_t rows) {
@@ -263,13 +134,14 @@ std::string packed_linear_isa() { return tile_height() == kWideRows ? "avx512" :
 bool packed_linear_allow_avx512(bool allow) { return wide_allowed.exchange(allow); }
 
 at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated) {
-  TORCH_CHECK(weight.device().is_cpu() && weight.dtype() == at::kFloat && weight.dim() == 2,
-              "pack_linear_weight takes a 2-D float32 CPU weight");
+  TORCH_CHECK(weight.device().is_cpu() && sg::is_element(weight.scalar_type()) &&
+                  weight.dim() == 2,
+              "pack_linear_weight takes a 2-D float32, bfloat16 or float16 CPU weight");
   const int64_t N = weight.size(0), K = weight.size(1);
   TORCH_CHECK(!gated || N % 2 == 0, "a gated weight has as many up rows as gate rows");
   const int64_t half = N / 2, half_panels = (half + kCols - 1) / kCols;
   const int64_t panels = gated ? 2 * half_panels : (N + kCols - 1) / kCols;
-  const size_t bytes = std::max<size_t>(1, size_t(panels) * K * kCols * sizeof(float));
+  const size_t bytes = std::max<size_t>(1, size_t(panels) * K * kCols * weight.element_size());
   const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
   void* memory = std::aligned_alloc(kHugePage, rounded);
   TORCH_CHECK(memory != nullptr, "out of memory packing a ", N, "x", K, " weight");
@@ -277,21 +149,24 @@ at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated) {
   auto packed = at::from_blob(
       memory, {panels, K, kCols}, [](void* p) { std::free(p); }, weight.options());
   const auto source = weight.contiguous();
-  const float* w = source.data_ptr<float>();
-  float* out = packed.data_ptr<float>();
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t p = begin; p < end; ++p) {
-      float* dst = out + p * K * kCols;
-      // Gated: panel 2j is gate columns 16j.., panel 2j + 1 the same up columns.
-      const int64_t first = gated ? (p % 2) * half + (p / 2) * kCols : p * kCols;
-      const int64_t cols = gated ? std::min(kCols, half - (p / 2) * kCols)
-                                 : std::min(kCols, N - p * kCols);
-      std::fill(dst, dst + K * kCols, 0.0f);
-      for (int64_t j = 0; j < cols; ++j) {
-        const float* row = w + (first + j) * K;
-        for (int64_t k = 0; k < K; ++k) dst[k * kCols + j] = row[k];
+  sg::with_element(weight.scalar_type(), "the weight", [&](auto element) {
+    using P = decltype(element);
+    const P* w = static_cast<const P*>(source.data_ptr());
+    P* out = static_cast<P*>(packed.data_ptr());
+    at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        P* dst = out + p * K * kCols;
+        // Gated: panel 2j is gate columns 16j.., panel 2j + 1 the same up columns.
+        const int64_t first = gated ? (p % 2) * half + (p / 2) * kCols : p * kCols;
+        const int64_t cols = gated ? std::min(kCols, half - (p / 2) * kCols)
+                                   : std::min(kCols, N - p * kCols);
+        std::fill(dst, dst + K * kCols, P(0.0f));
+        for (int64_t j = 0; j < cols; ++j) {
+          const P* row = w + (first + j) * K;
+          for (int64_t k = 0; k < K; ++k) dst[k * kCols + j] = row[k];
+        }
       }
-    }
+    });
   });
   return packed;
 }
@@ -299,8 +174,7 @@ at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated) {
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                          const c10::optional<at::Tensor>& bias, bool gated) {
   TORCH_CHECK(x.device().is_cpu() && packed.device().is_cpu(), "packed_linear runs on the CPU");
-  TORCH_CHECK(x.dtype() == at::kFloat && packed.dtype() == at::kFloat,
-              "packed_linear takes float32 inputs");
+  TORCH_CHECK(x.dtype() == at::kFloat, "packed_linear takes float32 inputs");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "packed_linear takes rows with unit stride");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kCols && packed.is_contiguous(),
               "packed_linear takes a weight from pack_linear_weight");
@@ -323,7 +197,6 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   if (M == 0) return out;
   const float* A = x.data_ptr<float>();
   const int64_t lda = x.stride(0);
-  const float* B = packed.data_ptr<float>();
   float* C = out.data_ptr<float>();
   // Blocked as a GEMM library blocks: rows in blocks whose slice of x stays in L2, panels in
   // groups that stay in the last-level cache. Work items are (group, block), group-major: a
@@ -337,35 +210,39 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t 
   const int64_t row_bytes = K * int64_t(sizeof(float));
   const int64_t block_rows = std::max<int64_t>(height, kBlockBytes / row_bytes / height * height);
   const int64_t blocks = (M + block_rows - 1) / block_rows;
-  const int64_t unit_bytes = row_bytes * kCols * (gated ? 2 : 1);
+  const int64_t unit_bytes = K * packed.element_size() * kCols * (gated ? 2 : 1);
   const int64_t most_units = std::max<int64_t>(
       1, blocks == 1 ? kRunPanels / (gated ? 2 : 1) : kGroupBytes / unit_bytes);
   const int64_t groups = (units + most_units - 1) / most_units;
   const int64_t group_units = (units + groups - 1) / groups;
-  parallel_items(groups * blocks, [&](int64_t item) {
-    const int64_t group = item / blocks, block = item % blocks;
-    const int64_t m0 = block * block_rows, rows = std::min(block_rows, M - m0);
-    const int64_t first = group * group_units, last = std::min(units, first + group_units);
-    for (int64_t j = first; j < last;) {
-      const int64_t cols = std::min(kCols, width - j * kCols);
-      float* c = C + m0 * width + j * kCols;
-      if (gated) {
-        const float* gate = B + 2 * j * K * kCols;
-        gated_panel_rows(height, A + m0 * lda, lda, rows, gate, gate + K * kCols, K, c, width,
-                         bias_data == nullptr ? nullptr : bias_data + j * kCols,
-                         bias_data == nullptr ? nullptr : bias_data + width + j * kCols, cols);
-        ++j;
-        continue;
+  sg::with_element(packed.scalar_type(), "the packed weight", [&](auto element) {
+    using P = decltype(element);
+    const P* B = static_cast<const P*>(packed.data_ptr());
+    parallel_items(groups * blocks, [&](int64_t item) {
+      const int64_t group = item / blocks, block = item % blocks;
+      const int64_t m0 = block * block_rows, rows = std::min(block_rows, M - m0);
+      const int64_t first = group * group_units, last = std::min(units, first + group_units);
+      for (int64_t j = first; j < last;) {
+        const int64_t cols = std::min(kCols, width - j * kCols);
+        float* c = C + m0 * width + j * kCols;
+        if (gated) {
+          const P* gate = B + 2 * j * K * kCols;
+          gated_panel_rows(height, A + m0 * lda, lda, rows, gate, gate + K * kCols, K, c, width,
+                           bias_data == nullptr ? nullptr : bias_data + j * kCols,
+                           bias_data == nullptr ? nullptr : bias_data + width + j * kCols, cols);
+          ++j;
+          continue;
+        }
+        // AVX-512 tiles take this item's panels two at a time.
+        const bool pair = height == kWideRows && j + 1 < last;
+        const int64_t cols1 = pair ? std::min(kCols, width - (j + 1) * kCols) : 0;
+        const float* bias0 = bias_data == nullptr ? nullptr : bias_data + j * kCols;
+        panel_rows(height, A + m0 * lda, lda, rows, B + j * K * kCols,
+                   pair ? B + (j + 1) * K * kCols : nullptr, K, c, c + kCols, width, bias0,
+                   bias0 == nullptr || !pair ? nullptr : bias0 + kCols, cols, cols1);
+        j += pair ? 2 : 1;
       }
-      // AVX-512 tiles take this item's panels two at a time.
-      const bool pair = height == kWideRows && j + 1 < last;
-      const int64_t cols1 = pair ? std::min(kCols, width - (j + 1) * kCols) : 0;
-      const float* bias0 = bias_data == nullptr ? nullptr : bias_data + j * kCols;
-      panel_rows(height, A + m0 * lda, lda, rows, B + j * K * kCols,
-                 pair ? B + (j + 1) * K * kCols : nullptr, K, c, c + kCols, width, bias0,
-                 bias0 == nullptr || !pair ? nullptr : bias0 + kCols, cols, cols1);
-      j += pair ? 2 : 1;
-    }
+    });
   });
   return out;
 }

@@ -2,7 +2,8 @@
 // through the block table (no gathered copy, no padding to the longest request).
 //
 // q:            [batch, num_heads, head_dim] float32
-// k/v_cache:    [num_blocks, block_size, num_kv_heads, head_dim] float32
+// k/v_cache:    [num_blocks, block_size, num_kv_heads, head_dim] float32, bfloat16 or
+//               float16 (both alike), read in place and widened to float32 in registers
 // block_tables: [batch, max_blocks] int32
 // seq_lens:     [batch] int32 (tokens in the cache per request, this step's included)
 // returns       [batch, num_heads, head_dim] float32
@@ -16,30 +17,30 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "convert.h"
 #include "parallel_items.h"
 
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define SG_VECTOR 1
-#endif
-
 namespace {
 
+using sg::to_float;
+
+template <typename T>
 struct Task {
   const float* q;       // the group's first query head: [group, head_dim]
-  const float* k;       // this KV head's slice of the cache
-  const float* v;
+  const T* k;           // this KV head's slice of the cache
+  const T* v;
   const int32_t* table;
-  int64_t len, group, head_dim, block_size, row;  // row: one cache slot's floats
+  int64_t len, group, head_dim, block_size, row;  // row: one cache slot's elements
   float scale;
   float* out;           // [group, head_dim]
 };
 
-inline const float* slot(const float* cache, const Task& t, int64_t token) {
+template <typename T>
+inline const T* slot(const T* cache, const Task<T>& t, int64_t token) {
   const int64_t block = t.table[token / t.block_size];
   return cache + (block * t.block_size + token % t.block_size) * t.row;
 }
@@ -60,27 +61,28 @@ void softmax_rows(float* scores, int64_t rows, int64_t len) {
   }
 }
 
-void scalar_task(const Task& t, float* scores) {
+template <typename T>
+void scalar_task(const Task<T>& t, float* scores) {
   const int64_t D = t.head_dim;
   for (int64_t i = 0; i < t.len; ++i) {
-    const float* key = slot(t.k, t, i);
+    const T* key = slot(t.k, t, i);
     for (int64_t g = 0; g < t.group; ++g) {
       const float* query = t.q + g * D;
       float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += query[d] * key[d];
+      for (int64_t d = 0; d < D; ++d) dot += query[d] * to_float(key[d]);
       scores[g * t.len + i] = dot * t.scale;
     }
   }
   softmax_rows(scores, t.group, t.len);
   std::fill(t.out, t.out + t.group * D, 0.0f);
   for (int64_t i = 0; i < t.len; ++i) {
-    const float* value = slot(t.v, t, i);
+    const T* value = slot(t.v, t, i);
     for (int64_t g = 0; g < t.group; ++g) {
       const float p = scores[g * t.len + i];
       float* o = t.out + g * D;
 #pragma omp simd
-      for (int64_t d = 0; d < D; ++d) o[d] += p * value[d];
+      for (int64_t d = 0; d < D; ++d) o[d] += p * to_float(value[d]);
     }
   }
 }
@@ -95,17 +97,17 @@ inline float hsum(__m256 x) {
 
 // Scores of query heads [g0, g0 + G) against keys i and i + 1 (i + 1 == len: key i twice,
 // the second result dropped).
-template <int G>
-void score_pair(const Task& t, int64_t g0, int64_t i, float* scores) {
+template <int G, typename T>
+void score_pair(const Task<T>& t, int64_t g0, int64_t i, float* scores) {
   const int64_t D = t.head_dim;
-  const float* k0 = slot(t.k, t, i);
+  const T* k0 = slot(t.k, t, i);
   const bool pair = i + 1 < t.len;
-  const float* k1 = pair ? slot(t.k, t, i + 1) : k0;
+  const T* k1 = pair ? slot(t.k, t, i + 1) : k0;
   __m256 a[2][G];
 #pragma GCC unroll 4
   for (int j = 0; j < G; ++j) a[0][j] = a[1][j] = _mm256_setzero_ps();
   for (int64_t d = 0; d < D; d += 8) {
-    const __m256 x0 = _mm256_loadu_ps(k0 + d), x1 = _mm256_loadu_ps(k1 + d);
+    const __m256 x0 = sg::load8(k0 + d), x1 = sg::load8(k1 + d);
 #pragma GCC unroll 4
     for (int j = 0; j < G; ++j) {
       const __m256 qv = _mm256_loadu_ps(t.q + (g0 + j) * D + d);
@@ -122,8 +124,8 @@ void score_pair(const Task& t, int64_t g0, int64_t i, float* scores) {
 }
 
 // out[g0 + j][d0 .. d0 + 8 C) for query heads [g0, g0 + G): the weighted sum of values.
-template <int G, int C>
-void weigh_values(const Task& t, int64_t g0, int64_t d0, const float* scores) {
+template <int G, int C, typename T>
+void weigh_values(const Task<T>& t, int64_t g0, int64_t d0, const float* scores) {
   const int64_t D = t.head_dim;
   __m256 acc[G][C];
 #pragma GCC unroll 4
@@ -131,13 +133,13 @@ void weigh_values(const Task& t, int64_t g0, int64_t d0, const float* scores) {
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[j][c] = _mm256_setzero_ps();
   for (int64_t i = 0; i < t.len; ++i) {
-    const float* value = slot(t.v, t, i) + d0;
+    const T* value = slot(t.v, t, i) + d0;
     __m256 p[G];
 #pragma GCC unroll 4
     for (int j = 0; j < G; ++j) p[j] = _mm256_broadcast_ss(scores + (g0 + j) * t.len + i);
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
-      const __m256 x = _mm256_loadu_ps(value + 8 * c);
+      const __m256 x = sg::load8(value + 8 * c);
 #pragma GCC unroll 4
       for (int j = 0; j < G; ++j) acc[j][c] = _mm256_fmadd_ps(p[j], x, acc[j][c]);
     }
@@ -148,8 +150,8 @@ void weigh_values(const Task& t, int64_t g0, int64_t d0, const float* scores) {
     for (int c = 0; c < C; ++c) _mm256_storeu_ps(t.out + (g0 + j) * D + d0 + 8 * c, acc[j][c]);
 }
 
-template <int G>
-void weigh_chunk(const Task& t, int64_t g0, int64_t d0, int64_t chunks, const float* scores) {
+template <int G, typename T>
+void weigh_chunk(const Task<T>& t, int64_t g0, int64_t d0, int64_t chunks, const float* scores) {
   switch (chunks) {
     case 4: weigh_values<G, 4>(t, g0, d0, scores); break;
     case 3: weigh_values<G, 3>(t, g0, d0, scores); break;
@@ -158,7 +160,8 @@ void weigh_chunk(const Task& t, int64_t g0, int64_t d0, int64_t chunks, const fl
   }
 }
 
-void vector_task(const Task& t, float* scores) {
+template <typename T>
+void vector_task(const Task<T>& t, float* scores) {
   for (int64_t g0 = 0; g0 < t.group; g0 += 4) {
     const int64_t heads = std::min<int64_t>(4, t.group - g0);
     for (int64_t i = 0; i < t.len; i += 2) {
@@ -185,6 +188,37 @@ void vector_task(const Task& t, float* scores) {
 
 #endif
 
+template <typename T>
+void decode_all(const float* qp, const T* kp, const T* vp, const int32_t* tables,
+                const int32_t* lens, float* op, int64_t batch, int64_t num_heads,
+                int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
+                float scale) {
+  const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
+#ifdef SG_VECTOR
+  const bool vector = head_dim % 8 == 0;
+#endif
+  parallel_items(batch * num_kv_heads, [&](int64_t task) {
+    thread_local std::vector<float> scores;
+    const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
+    const int64_t len = lens[b];
+    TORCH_CHECK(len > 0 && len <= max_blocks * block_size, "sequence length out of range");
+    const Task<T> t{qp + (b * num_heads + kvh * group) * head_dim,
+                    kp + kvh * head_dim,
+                    vp + kvh * head_dim,
+                    tables + b * max_blocks,
+                    len, group, head_dim, block_size, row, scale,
+                    op + (b * num_heads + kvh * group) * head_dim};
+    scores.resize(group * len);
+#ifdef SG_VECTOR
+    if (vector) {
+      vector_task(t, scores.data());
+      return;
+    }
+#endif
+    scalar_task(t, scores.data());
+  });
+}
+
 }  // namespace
 
 at::Tensor paged_decode(
@@ -196,9 +230,8 @@ at::Tensor paged_decode(
     double scale) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
               "paged_decode runs on CPU tensors");
-  TORCH_CHECK(q.dtype() == at::kFloat && k_cache.dtype() == at::kFloat &&
-                  v_cache.dtype() == at::kFloat,
-              "paged_decode takes float32 queries and caches");
+  TORCH_CHECK(q.dtype() == at::kFloat && v_cache.dtype() == k_cache.dtype(),
+              "paged_decode takes float32 queries and caches of one dtype");
   TORCH_CHECK(block_tables.dtype() == at::kInt && seq_lens.dtype() == at::kInt,
               "paged_decode takes int32 block tables and lengths");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -206,43 +239,19 @@ at::Tensor paged_decode(
               "paged_decode takes contiguous tensors");
   const int64_t batch = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
-  const int64_t group = num_heads / num_kv_heads, max_blocks = block_tables.size(1);
-  TORCH_CHECK(group * num_kv_heads == num_heads, "query heads must be a multiple of KV heads");
+  TORCH_CHECK((num_heads / num_kv_heads) * num_kv_heads == num_heads,
+              "query heads must be a multiple of KV heads");
   TORCH_CHECK(k_cache.size(3) == head_dim && v_cache.sizes() == k_cache.sizes(),
               "cache shapes disagree with the queries");
 
   auto out = at::empty_like(q);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
-  const int32_t* tables = block_tables.data_ptr<int32_t>();
-  const int32_t* lens = seq_lens.data_ptr<int32_t>();
-  float* op = out.data_ptr<float>();
-  const int64_t row = num_kv_heads * head_dim;
-#ifdef SG_VECTOR
-  const bool vector = head_dim % 8 == 0;
-#endif
-
-  parallel_items(batch * num_kv_heads, [&](int64_t task) {
-    thread_local std::vector<float> scores;
-    const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
-    const int64_t len = lens[b];
-    TORCH_CHECK(len > 0 && len <= max_blocks * block_size, "sequence length out of range");
-    const Task t{qp + (b * num_heads + kvh * group) * head_dim,
-                 kp + kvh * head_dim,
-                 vp + kvh * head_dim,
-                 tables + b * max_blocks,
-                 len, group, head_dim, block_size, row,
-                 static_cast<float>(scale),
-                 op + (b * num_heads + kvh * group) * head_dim};
-    scores.resize(group * len);
-#ifdef SG_VECTOR
-    if (vector) {
-      vector_task(t, scores.data());
-      return;
-    }
-#endif
-    scalar_task(t, scores.data());
+  sg::with_element(k_cache.scalar_type(), "the cache", [&](auto element) {
+    using T = decltype(element);
+    decode_all(q.data_ptr<float>(), static_cast<const T*>(k_cache.data_ptr()),
+               static_cast<const T*>(v_cache.data_ptr()), block_tables.data_ptr<int32_t>(),
+               seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), batch, num_heads,
+               num_kv_heads, head_dim, block_size, block_tables.size(1),
+               static_cast<float>(scale));
   });
   return out;
 }

@@ -234,10 +234,40 @@ def test_cpu_linears_choice(llama_dir: Path) -> None:
     assert auto in ({"packed", "onednn"} if cpu_linear.available() else {"onednn"})
     assert resolve_cpu_linears("onednn", model) == "onednn"
     assert resolve_cpu_linears("torch", model) == "torch"
-    # Only float32 CPU models take another kernel than aten's.
-    assert resolve_cpu_linears("auto", load_model(llama_dir, CPU, dtype="bfloat16")) == "torch"
+    # A 16-bit model's auto races the packed product against torch's own 16-bit linear;
+    # onednn means torch's own there (oneDNN's 16-bit GEMM where the CPU has it).
+    half = load_model(llama_dir, CPU, dtype="bfloat16")
+    assert resolve_cpu_linears("auto", half) in (
+        {"packed", "torch"} if cpu_linear.available() else {"torch"}
+    )
+    assert resolve_cpu_linears("onednn", half) == "torch"
+    # Other dtypes keep aten's.
+    assert resolve_cpu_linears("auto", load_model(llama_dir, CPU).double()) == "torch"
     with pytest.raises(ValueError, match="unknown cpu_linears"):
         resolve_cpu_linears("mkl", model)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_packed_linears_of_a_16_bit_model(llama_dir: Path, dtype: str) -> None:
+    # The packed product keeps a 16-bit model's weights in its dtype and computes in
+    # float32: the reference is the layer's own linears run in float32 on the same weights.
+    from sluicegate.engine.models.cpu_linears import swap_cpu_linears
+    from sluicegate.kernels import cpu_linear
+
+    if not cpu_linear.available():
+        pytest.skip("the packed linears need the CPU kernels built with AVX2 and FMA")
+    model = load_model(llama_dir, CPU, dtype=dtype)
+    layer = model.model.layers[0]
+    qkv = layer.self_attn.qkv_proj
+    x = torch.randn(3, 5, qkv.in_features).to(qkv.weight.dtype)
+    with torch.inference_mode():
+        expected = torch.nn.functional.linear(x.float(), qkv.weight.float()).to(x.dtype)
+        assert swap_cpu_linears(model, "packed") == 2 * 4 + 1
+        out = layer.self_attn.qkv_proj(x)
+        assert out.dtype == x.dtype
+        tolerance = {"bfloat16": 1.6e-2, "float16": 2e-3}[dtype]
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=tolerance)
+        assert layer.mlp(x).dtype == x.dtype
 
 
 def test_cpu_linear_race(llama_dir: Path) -> None:
