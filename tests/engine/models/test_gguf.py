@@ -111,7 +111,9 @@ def test_in_bfloat16_tokens_match_transformers_up_to_bf16_rounding(
             reference = model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
             )[0, len(prompt) :].tolist()
-            step = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), None)
+            step = next(
+                (i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), None
+            )
             if step is None:
                 continue
             logits = model(torch.tensor([prompt + reference[:step]])).logits[0, -1].float()
