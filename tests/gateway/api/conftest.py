@@ -104,6 +104,8 @@ def api_settings(
         cooldown_s=60.0,
         first_token_timeout_s=5.0,
         max_body_bytes=64 * 1024,
+        # Served over plain http here: Secure cookies would never come back to /ui.
+        ui_insecure_cookies=True,
     )
 
 

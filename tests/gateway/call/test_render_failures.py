@@ -10,7 +10,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import pytest
 from opentelemetry.trace import INVALID_SPAN
 from redis.asyncio import Redis
@@ -65,8 +64,7 @@ class Gateway:
         )
         self.redis = redis
         self.limiter = RateLimiter(redis, slot_ttl_s=60)
-        self.http = httpx.AsyncClient()
-        router = Router(self.settings, redis, self.http, routes=[])
+        router = Router(self.settings, redis, routes=[])
         config = {"models": [{"name": "echo", "deployments": [
             {"provider": "openai", "base_url": upstream_url, "model": "echo"}
         ]}]}  # fmt: skip
