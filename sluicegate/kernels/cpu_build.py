@@ -2,13 +2,20 @@
 extension loader on first use (about a minute; cached under ``TORCH_EXTENSIONS_DIR``, by
 default ``~/.cache/torch_extensions``). Without a C++ compiler it cannot be built:
 ``extension()`` returns None and every caller keeps its torch path.
+
+Torch's loader guards a build with a ``lock`` file that it waits on forever; a build killed
+midway (a CI job cut off, a pod evicted) leaves that file behind and hangs every later load.
+So each build here also holds an ``flock`` on a file beside it, which the kernel releases
+when its holder dies: whoever holds it knows any torch ``lock`` file left is stale.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
+import os
 import platform
 from pathlib import Path
 from types import ModuleType
@@ -51,20 +58,49 @@ def _sources_digest() -> str:
     return digest.hexdigest()[:10]
 
 
+def build_directory(name: str) -> Path:
+    """Where ``name`` is built: under the root torch's loader uses, one folder per torch
+    release too, since an extension built against one torch does not load in another."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    return root / f"{name}-torch{torch.__version__}"
+
+
+def clear_stale_lock(directory: Path) -> None:
+    """Remove torch's ``lock`` file in ``directory``; call only while holding its flock."""
+    stale = directory / "lock"
+    if stale.exists():
+        logger.warning("removing %s, left by a CPU-kernel build that did not finish", stale)
+        stale.unlink(missing_ok=True)
+
+
+def extension_name() -> str:
+    return f"sluicegate_cpu_kernels_{_cpu_flags()[0]}_{_sources_digest()}"
+
+
 @functools.cache
 def extension() -> ModuleType | None:
     from torch.utils.cpp_extension import load
 
-    suffix, flags = _cpu_flags()
+    flags = _cpu_flags()[1]
+    name = extension_name()
     logger.info("loading the CPU kernels (compiled on first use: about a minute)")
     try:
-        return load(
-            name=f"sluicegate_cpu_kernels_{suffix}_{_sources_digest()}",
-            sources=[str(_CSRC / name) for name in _SOURCES],
-            # -fopenmp: at::parallel_for is inline OpenMP, serial in code built without it.
-            extra_cflags=["-O3", "-ffast-math", "-fopenmp", *flags],
-            extra_ldflags=["-fopenmp"],
-        )
+        directory = build_directory(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory.with_name(directory.name + ".flock"), "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            clear_stale_lock(directory)
+            return load(
+                name=name,
+                sources=[str(_CSRC / source) for source in _SOURCES],
+                # -fopenmp: at::parallel_for is inline OpenMP, serial in code built without it.
+                extra_cflags=["-O3", "-ffast-math", "-fopenmp", *flags],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+            )
     except Exception as exc:  # no compiler, no headers: the torch paths serve instead
         logger.warning("CPU kernels unavailable (%s); using the torch paths", exc)
         return None
