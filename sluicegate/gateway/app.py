@@ -38,7 +38,7 @@ from sluicegate.gateway.api.openai_embeddings import EmbeddingsController
 from sluicegate.gateway.api.openai_models import ModelsController
 from sluicegate.gateway.api.openai_responses import ResponsesController
 from sluicegate.gateway.db.session import create_engine, create_sessionmaker
-from sluicegate.gateway.db.usage import DatabaseSpend
+from sluicegate.gateway.db.usage_reports import DatabaseSpend
 from sluicegate.gateway.http.body import check_body
 from sluicegate.gateway.http.fast_lane import FastLane
 from sluicegate.gateway.keys.cache import KeyCache

@@ -95,6 +95,10 @@ class Settings:
     usage_flush_batch: int = 500
     run_usage_flusher: bool = True
     """Run a usage flusher in this gateway process (any number of replicas may)."""
+    usage_retention_days: int = 0
+    """Delete per-request usage records finished before 00:00 UTC this many days ago, in small
+    batches, from every replica that runs a usage flusher; the rollups every report and budget
+    reads are kept whole. 0 = keep the records forever."""
     cooldown_failures: int = 3
     cooldown_s: float = 30.0
     upstream_retries: int = 1

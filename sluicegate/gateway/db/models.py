@@ -25,6 +25,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    PrimaryKeyConstraint,
     String,
     Text,
     UniqueConstraint,
@@ -138,14 +139,19 @@ class AuditEntry(DefaultBase):
 
 
 class UsageRecord(DefaultBase):
-    """One finished request, written by the usage flusher, never on the request path."""
+    """One finished request, written by the usage flusher, never on the request path.
+
+    No report reads this table (they read the rollups), so it carries only the indexes its
+    writers and its pruner read: the primary key (the flusher's ``ON CONFLICT`` and its
+    corrections) and ``finished_at`` (retention's oldest-first batches). Revision 0003 dropped
+    (key_id, finished_at), (model, finished_at) and (team_id, finished_at), which no query read
+    and every insert paid for.
+    """
 
     __tablename__ = "usage_records"
     __table_args__ = (
-        Index("ix_usage_records_key_finished", "key_id", "finished_at"),
-        Index("ix_usage_records_model_finished", "model", "finished_at"),
+        # Read by delete_usage_records_before (SLUICEGATE_USAGE_RETENTION_DAYS).
         Index("ix_usage_records_finished", "finished_at"),
-        Index("ix_usage_records_team_finished", "team_id", "finished_at"),
     )
 
     request_id: Mapped[str] = mapped_column(Text, primary_key=True)
@@ -166,17 +172,24 @@ class UsageRecord(DefaultBase):
 
 
 class UsageDaily(DefaultBase):
-    """Per UTC day, key and model totals; the admin usage queries read only this table."""
+    """Per UTC day, key and model totals: the rollup the flusher writes, and the one the
+    coarser rollups below are derived from (see UsageRollupChange)."""
 
     __tablename__ = "usage_daily"
     __table_args__ = (
+        # Model before key (revision 0003): a model's rows of a day are one range of the key,
+        # which the days at the edges of a by-key report of one model read; and the CSV
+        # export's order (day, model, key) is the key's.
+        PrimaryKeyConstraint("day", "model", "key_id", name="pk_usage_daily"),
+        # A key's reports and budget (any range, any grouping).
         Index("ix_usage_daily_key_day", "key_id", "day"),
+        # A team's CSV export.
         Index("ix_usage_daily_team_day", "team_id", "day"),
     )
 
-    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
-    key_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True)
-    model: Mapped[str] = mapped_column(Text, primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date)
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    model: Mapped[str] = mapped_column(Text)
     requests: Mapped[int] = mapped_column(BigInteger)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger)
     completion_tokens: Mapped[int] = mapped_column(BigInteger)
@@ -184,6 +197,142 @@ class UsageDaily(DefaultBase):
     errors: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     team_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     """The key's team when the requests were made."""
+
+
+NO_TEAM = uuid.UUID(int=0)
+"""``team_id`` of the derived rollups' rows of keys in no team: a key column cannot be NULL."""
+
+
+ROLLUP_SUMS = ("requests", "prompt_tokens", "completion_tokens", "cost_micros", "errors")
+
+
+class _RollupTotals:
+    """The sums every derived rollup row carries, and how many ``usage_daily`` rows it sums."""
+
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    source_rows: Mapped[int] = mapped_column(BigInteger)
+    """A fold deletes the row when this reaches 0 (its ``usage_daily`` rows moved to another
+    team or were deleted); reports skip groups that sum to 0 rows with the pending changes."""
+
+
+# Coarser rollups of usage_daily. Each one, plus the changes in usage_rollup_changes not yet
+# folded into it, is exactly ``SELECT <its key>, sum(...) FROM usage_daily GROUP BY <its key>``
+# (team_id: NO_TEAM for NULL): see UsageRollupChange. At 1,000 keys x 10 models x 730 days
+# (7.3M usage_daily rows) a report reads at most tens of thousands of their rows instead of
+# millions: see sluicegate.gateway.db.usage_sources for which query reads which. All but usage_monthly
+# are stored at fillfactor 50 (set by the migration): the current day's and month's rows are
+# rewritten by every fold, and the room lets those updates stay on their page (HOT: no index
+# writes).
+
+
+class UsageDailyKey(_RollupTotals, DefaultBase):
+    """Per UTC day, team and key (all models)."""
+
+    __tablename__ = "usage_daily_keys"
+    __table_args__ = (
+        PrimaryKeyConstraint("day", "team_id", "key_id", name="pk_usage_daily_keys"),
+        Index("ix_usage_daily_keys_team_day", "team_id", "day"),
+    )
+
+    day: Mapped[dt.date] = mapped_column(Date)
+    team_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+
+
+class UsageDailyModel(_RollupTotals, DefaultBase):
+    """Per team, model and UTC day (all the team's keys)."""
+
+    __tablename__ = "usage_daily_models"
+    __table_args__ = (
+        # Team first: a team's reports, and its models in use (a skip scan over this key).
+        PrimaryKeyConstraint("team_id", "model", "day", name="pk_usage_daily_models"),
+        Index("ix_usage_daily_models_model_day", "model", "day"),
+    )
+
+    team_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    model: Mapped[str] = mapped_column(Text)
+    day: Mapped[dt.date] = mapped_column(Date)
+
+
+class UsageDailyTotal(_RollupTotals, DefaultBase):
+    """Per model and UTC day (every key): the reports over all keys, and the models in use."""
+
+    __tablename__ = "usage_daily_totals"
+    __table_args__ = (PrimaryKeyConstraint("model", "day", name="pk_usage_daily_totals"),)
+
+    model: Mapped[str] = mapped_column(Text)
+    day: Mapped[dt.date] = mapped_column(Date)
+
+
+class UsageMonthly(_RollupTotals, DefaultBase):
+    """Per UTC month (its first day), team, key and model: by-key reports of one model.
+
+    Read only by model, so the key starts with it and carries the sums (INCLUDE): a model's
+    rows are one index range read without the heap, where they would be scattered over every
+    page of the table (25k rows of one model on 7.8k pages at the bench's size).
+    """
+
+    __tablename__ = "usage_monthly"
+    __table_args__ = (
+        PrimaryKeyConstraint(
+            "model",
+            "month",
+            "team_id",
+            "key_id",
+            name="pk_usage_monthly",
+            postgresql_include=[*ROLLUP_SUMS, "source_rows"],
+        ),
+    )
+
+    month: Mapped[dt.date] = mapped_column(Date)
+    team_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    model: Mapped[str] = mapped_column(Text)
+
+
+class UsageMonthlyKey(_RollupTotals, DefaultBase):
+    """Per UTC month (its first day), team and key: by-key and by-team reports."""
+
+    __tablename__ = "usage_monthly_keys"
+    __table_args__ = (
+        PrimaryKeyConstraint("month", "team_id", "key_id", name="pk_usage_monthly_keys"),
+        Index("ix_usage_monthly_keys_team_month", "team_id", "month"),
+    )
+
+    month: Mapped[dt.date] = mapped_column(Date)
+    team_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+
+
+class UsageRollupChange(DefaultBase):
+    """A change to usage_daily not yet added to the rollups derived from it.
+
+    Statement triggers on usage_daily (revision 0003) append each statement's change here at
+    usage_daily's grain (new rows minus old, so a row that moved teams is -old and +new), in
+    the writer's transaction: the flusher's batch pays one small insert instead of updating
+    five rollups. ``fold_usage_rollups`` moves the changes into the rollups in the background,
+    many batches at once (today's rows, which every batch touches, once); until then every
+    report reads them beside the rollups, so the sum of the two is always exact.
+    """
+
+    __tablename__ = "usage_rollup_changes"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    day: Mapped[dt.date] = mapped_column(Date)
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    model: Mapped[str] = mapped_column(Text)
+    team_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger)
+    cost_micros: Mapped[int] = mapped_column(BigInteger)
+    errors: Mapped[int] = mapped_column(BigInteger)
+    source_rows: Mapped[int] = mapped_column(BigInteger)
+    """usage_daily rows added (+1), removed (-1) or moved between groups by the change."""
 
 
 metadata = ApiKey.metadata

@@ -9,7 +9,7 @@ from typing import Any
 from litestar import Request
 from litestar.response import Template
 
-from sluicegate.gateway.db import usage as usage_queries
+from sluicegate.gateway.db import usage_reports as usage_queries
 from sluicegate.gateway.ui.charts import daily_chart
 from sluicegate.gateway.ui.common import render, sessions, today
 from sluicegate.gateway.ui.session import session_of

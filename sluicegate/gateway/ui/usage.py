@@ -15,7 +15,7 @@ from litestar.response import Template
 
 from sluicegate.gateway.db import keys as key_queries
 from sluicegate.gateway.db import teams as team_queries
-from sluicegate.gateway.db import usage as usage_queries
+from sluicegate.gateway.db import usage_reports as usage_queries
 from sluicegate.gateway.ui.charts import daily_chart
 from sluicegate.gateway.ui.common import (
     FormError,

@@ -6,7 +6,10 @@ stream through the consumer group ``usage-flushers``, writes each batch in one t
 (idempotent on request id, see ``sluicegate.gateway.db.usage.insert_usage``), and XACKs + XDELs only
 after the commit. While PostgreSQL is down it keeps retrying the same batch with backoff, so
 records are delayed, never lost; entries left pending by a flusher that died are taken over
-with XAUTOCLAIM once idle for ``claim_idle_s``.
+with XAUTOCLAIM once idle for ``claim_idle_s``. Every ``FOLD_INTERVAL_S`` a flusher also folds
+the batches' pending rollup changes into the derived rollups (``fold_usage_rollups``; one
+replica at a time, the others skip). With ``usage_retention_days`` set, each flusher also runs
+the pruner of old records (``sluicegate.gateway.usage.retention``).
 """
 
 from __future__ import annotations
@@ -30,13 +33,18 @@ from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from sluicegate.gateway.db.usage import bills_more, insert_usage
+from sluicegate.gateway.db.usage_upkeep import FOLD_LIMIT, fold_usage_rollups
 from sluicegate.gateway.settings import Settings
 from sluicegate.gateway.telemetry import USAGE_FLUSH_LAG
+from sluicegate.gateway.usage.retention import UsageRetention
 
 logger = logging.getLogger(__name__)
 
 FLUSHER_GROUP = "usage-flushers"
 EVENT_FIELD = b"e"
+FOLD_INTERVAL_S = 1.0
+"""Between folds: the batches of a second share one (today's rollup rows written once, not
+per batch), and the pending changes every report reads stay a second's worth."""
 
 
 class UsageEvent(msgspec.Struct, kw_only=True, frozen=True):
@@ -129,21 +137,33 @@ class UsageFlusher:
         self._claim_idle_ms = int(claim_idle_s * 1000)
         self._claim_every_s = claim_idle_s / 2
         self._next_claim = 0.0
+        self._next_fold = 0.0
         self._max_backoff_s = max_backoff_s
         self._stopping = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.flushed = 0
         """Records this flusher inserted (not counting replays that were already stored)."""
+        # Beside the flusher: every replica that writes usage records also prunes them, and
+        # the app's lifespan starts and stops both as one.
+        self.retention = (
+            UsageRetention(sessionmaker, settings.usage_retention_days)
+            if settings.usage_retention_days > 0
+            else None
+        )
 
     async def start(self) -> None:
         self._stopping.clear()
         with contextlib.suppress(RedisError):
             await self.ensure_group()  # else the loop keeps trying
         self._task = asyncio.create_task(self.run(), name=f"usage-flusher-{self.consumer}")
+        if self.retention is not None:
+            await self.retention.start()
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Finishes the batch in hand if the database allows within ``timeout_s``."""
         self._stopping.set()
+        if self.retention is not None:
+            await self.retention.stop(timeout_s)
         if self._task is None:
             return
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
@@ -159,6 +179,7 @@ class UsageFlusher:
                     await self.ensure_group()
                     group_ready = True
                 count = await self.flush_once()
+                await self.fold_if_due()
                 backoff_s = 0.05
             except Exception as exc:
                 # NOGROUP (the stream was deleted), a lost Redis, or a bug: the flusher must
@@ -178,6 +199,18 @@ class UsageFlusher:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    async def fold_if_due(self) -> int:
+        """Folds the pending rollup changes when ``FOLD_INTERVAL_S`` has passed since the last
+        fold; returns how many it moved."""
+        now = time.monotonic()
+        if now < self._next_fold:
+            return 0
+        async with self._sessionmaker() as session, session.begin():
+            moved = await fold_usage_rollups(session)
+        # A full fold leaves more (a backlog after an outage): the next pass folds again.
+        self._next_fold = now if moved >= FOLD_LIMIT else now + FOLD_INTERVAL_S
+        return moved
 
     async def flush_once(self) -> int:
         """Processes one batch (reclaimed, else new); returns how many entries it handled."""

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from sluicegate.gateway.admission.limits import RateLimiter, ScopeLimits
 from sluicegate.gateway.api.admin.schemas import BudgetView, GroupBy, UsageRow
-from sluicegate.gateway.db import usage as usage_queries
+from sluicegate.gateway.db import usage_reports as usage_queries
 from sluicegate.gateway.db.models import ApiKey, Team
 from sluicegate.gateway.keys.records import ApiKeyRecord, TeamLimits
 from sluicegate.gateway.usage.pricing import from_micros
