@@ -13,6 +13,7 @@ from sluicegate.engine.models.checkpoint import iter_checkpoint
 from sluicegate.engine.models.config import ModelConfig, parse_dtype
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.models.qwen3 import Qwen3ForCausalLM
+from sluicegate.kernels import cpu_build
 
 if TYPE_CHECKING:
     from sluicegate.engine.models.transformers_backend import TransformersCausalLM
@@ -54,13 +55,14 @@ def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
 def resolve_dtype(
     requested: str | torch.dtype, config: ModelConfig, device: torch.device
 ) -> torch.dtype:
-    """``auto`` takes the checkpoint's dtype, except float16 on CPU, which runs as float32
-    (CPU half-precision matmuls are slow and lose accuracy)."""
+    """``auto`` takes the checkpoint's dtype, as vLLM does; only a float16 checkpoint on a CPU
+    without the CPU kernels runs as float32 (torch's own float16 matmuls there are slow)."""
     if isinstance(requested, torch.dtype):
         return requested
     if requested != "auto":
         return parse_dtype(requested)
-    if device.type == "cpu" and config.dtype == torch.float16:
+    if device.type == "cpu" and config.dtype == torch.float16 and cpu_build.extension() is None:
+        logger.info("dtype auto: a float16 checkpoint runs as float32 (no CPU kernels here)")
         return torch.float32
     return config.dtype
 

@@ -10,12 +10,15 @@ wins over ``SLUICEGATE_ATTENTION_BACKEND``, which wins over the device default.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("triton", "cpu", "torch")
 BACKEND_ENV = "SLUICEGATE_ATTENTION_BACKEND"
@@ -43,8 +46,21 @@ def resolve_backend_name(requested: str | None, device: torch.device) -> str:
     return name
 
 
+def _reason(requested: str | None, name: str) -> str:
+    if requested:
+        return "asked for by the engine's options"
+    if os.environ.get(BACKEND_ENV):
+        return f"asked for by {BACKEND_ENV}"
+    if name == "triton":
+        return "the default on CUDA"
+    if name == "cpu":
+        return "the CPU default: the C++ kernels read the paged cache in place"
+    return "the CPU kernels could not be built here (no C++ compiler?)"
+
+
 def load_backend(requested: str | None, device: torch.device) -> AttentionBackend:
     name = resolve_backend_name(requested, device)
+    logger.info("attention backend: %s (%s)", name, _reason(requested, name))
     if name == "triton":
         from sluicegate import kernels
 

@@ -14,6 +14,7 @@ from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_l
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.options import EngineOptions
 from sluicegate.engine.runner.model_runner import ModelRunner
+from sluicegate.kernels import cpu_ops
 
 if TYPE_CHECKING:
     from sluicegate.engine.models.transformers_backend import TransformersCausalLM
@@ -31,6 +32,12 @@ def load_engine_model(model: str | Path, device: torch.device, options: EngineOp
         kind = resolve_cpu_linears(options.cpu_linears, loaded)
         if swap_cpu_linears(loaded, kind):
             logger.info("CPU linears: %s", kind)
+    if device.type == "cpu" and isinstance(loaded, LlamaForCausalLM):
+        fused = cpu_ops.supports(torch.empty(0, dtype=loaded.config.dtype))
+        logger.info(
+            "layer ops (RMSNorm, residual, rotary, SiLU x mul, KV write): %s",
+            "C++ (csrc/layer_ops.cpp)" if fused else "torch (the CPU kernels are not built)",
+        )
     return loaded
 
 

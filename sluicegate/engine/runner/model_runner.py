@@ -56,6 +56,13 @@ class ModelRunner:
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
         )
         self.kv_cache = self._allocate_kv_cache(self.num_kv_blocks)
+        logger.info(
+            "KV cache: %d blocks of %d tokens in %s, %.0f MiB",
+            self.num_kv_blocks,
+            block_size,
+            str(self.config.dtype).removeprefix("torch."),
+            self.num_kv_blocks * self.kv_bytes_per_block / 2**20,
+        )
         self.input_batch = InputBatch(
             max_num_seqs, max_model_len, block_size, max_num_batched_tokens
         )
