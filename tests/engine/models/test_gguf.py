@@ -65,17 +65,45 @@ def transformers_greedy(file: Path, prompts: list[list[int]]) -> list[list[int]]
     return outputs
 
 
+@pytest.fixture(scope="module")
+def prompts(engine: LLM) -> list[list[int]]:
+    return [engine.engine.prompt_ids(messages=[{"role": "user", "content": q}]) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2: Path, prompts: list[list[int]]) -> list[list[int]]:
+    return transformers_greedy(smollm2, prompts)
+
+
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+
+
 def test_a_gguf_file_serves_the_tokens_transformers_gguf_load_gives(
-    engine: LLM, smollm2: Path
+    engine: LLM, prompts: list[list[int]], reference: list[list[int]]
 ) -> None:
-    prompts = [
-        engine.engine.prompt_ids(messages=[{"role": "user", "content": q}]) for q in QUESTIONS
-    ]
-    greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
-    ours = [out.token_ids for out in engine.generate(prompts, greedy)]
-    assert ours == transformers_greedy(smollm2, prompts)
+    ours = [out.token_ids for out in engine.generate(prompts, GREEDY)]
+    assert ours == reference
     answer = engine.tokenizer.hf.decode(ours[0], skip_special_tokens=True)
     assert "Paris" in answer
+
+
+def test_real_weights_stay_exact_through_chunks_prefix_hits_and_preemption(
+    smollm2: Path, cache_dir: Path, prompts: list[list[int]], reference: list[list[int]]
+) -> None:
+    """float32 real weights, with every scheduler path a busy server takes: prompts in 16-token
+    chunks, their shared chat-template prefix from the prefix cache, and too few KV blocks
+    for the three requests at once (~4 blocks each), so some are preempted and recomputed."""
+    folder = checkpoint_folder(smollm2, cache_dir)
+    llm = LLM(str(folder), dtype="float32", device="cpu", num_kv_blocks=7,
+              max_num_batched_tokens=16, enable_prefix_caching=True)  # fmt: skip
+    try:
+        ours = [out.token_ids for out in llm.generate(prompts, GREEDY)]
+        stats = llm.stats()
+    finally:
+        llm.close()
+    assert ours == reference
+    assert stats["num_preemptions"] > 0
+    assert stats["prefix_cache_hits"] > 0
 
 
 def bf16_ulp(value: float) -> float:
