@@ -57,7 +57,7 @@ from sluicegate.gateway.db.migrate import upgrade
 from sluicegate.gateway.db.scratch import execute_autocommit, scratch_database
 from sluicegate.gateway.db.session import create_engine, create_sessionmaker
 from sluicegate.gateway.db.usage import insert_usage
-from sluicegate.gateway.db.usage_upkeep import fold_usage_rollups
+from sluicegate.gateway.db.usage_upkeep import delete_usage_records_before, fold_usage_rollups
 
 STARTED = time.monotonic()
 FILLED_TABLES = ("usage_daily", "usage_records")
@@ -408,19 +408,17 @@ async def measure(url: str, baseline_url: str | None, args: argparse.Namespace) 
         if baseline is not None:
             sides["baseline"] = create_sessionmaker(baseline)
         flushes: dict[str, list[float]] = {side: [] for side in sides}
-        # Absent before revision 0003: the same script gives the figures of the schema before.
-        fold = getattr(usage_queries, "fold_usage_rollups", None)
         folds: list[float] = []
         for index in range(args.flush_batches):
             order = list(sides) if index % 2 == 0 else list(reversed(sides))
             for side in order:
                 rows = flush_rows(args, last_day, args.batch)
                 flushes[side].append(await flush_batch(sides[side], rows))
-                if side == "ours" and fold is not None and index % args.batches_per_fold == 0:
+                if side == "ours" and index % args.batches_per_fold == 0:
                     # The flushers' fold, of this many batches' changes (FOLD_INTERVAL_S).
                     began_fold = time.perf_counter()
                     async with sessionmaker() as session, session.begin():
-                        await fold(session)
+                        await fold_usage_rollups(session)
                     if index:
                         folds.append((time.perf_counter() - began_fold) * 1000)
         result["flush_batch_ms"] = round(statistics.median(flushes["ours"]), 2)
@@ -440,20 +438,17 @@ async def measure(url: str, baseline_url: str | None, args: argparse.Namespace) 
             result["baseline_revision"] = args.baseline_revision
             result["baseline_flush_batch_ms"] = round(statistics.median(flushes["baseline"]), 2)
             log(f"baseline flusher batch: p50 {result['baseline_flush_batch_ms']} ms")
-        # Absent before revision 0003: the same script gives the figures of the schema before.
-        delete = getattr(usage_queries, "delete_usage_records_before", None)
-        if delete is not None:
-            cutoff = dt.datetime.combine(
-                last_day - dt.timedelta(days=args.days // 2), dt.time(), dt.UTC
-            )
-            deletes = []
-            for _ in range(5):
-                began_delete = time.perf_counter()
-                async with sessionmaker() as session, session.begin():
-                    await delete(session, cutoff, args.retention_batch)
-                deletes.append((time.perf_counter() - began_delete) * 1000)
-            result["retention_batch_ms"] = round(statistics.median(deletes), 2)
-            log(f"retention batch of {args.retention_batch}: {result['retention_batch_ms']} ms")
+        cutoff = dt.datetime.combine(
+            last_day - dt.timedelta(days=args.days // 2), dt.time(), dt.UTC
+        )
+        deletes = []
+        for _ in range(5):
+            began_delete = time.perf_counter()
+            async with sessionmaker() as session, session.begin():
+                await delete_usage_records_before(session, cutoff, args.retention_batch)
+            deletes.append((time.perf_counter() - began_delete) * 1000)
+        result["retention_batch_ms"] = round(statistics.median(deletes), 2)
+        log(f"retention batch of {args.retention_batch}: {result['retention_batch_ms']} ms")
     finally:
         await engine.dispose()
         if baseline is not None:
