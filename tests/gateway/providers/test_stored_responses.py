@@ -276,6 +276,48 @@ def test_a_key_in_no_team_sees_only_its_own(new_client: Callable[..., openai.Ope
     assert owner.responses.retrieve(response.id).id == response.id
 
 
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_tool_result_continues_the_call_it_answers(
+    new_client: Callable[..., openai.OpenAI],
+    anthropic_upstream: tuple[FakeAnthropic, str],
+    stream: bool,
+) -> None:
+    """The agent loop: the model calls a tool, the client sends only the tool's output."""
+    client = new_client()
+    called = _create(
+        client,
+        stream,
+        model="claude",
+        input="what is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+    )
+    (call,) = [item for item in called.output if item.type == "function_call"]
+    answered = _create(
+        client,
+        stream,
+        model="claude",
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[WEATHER],
+        previous_response_id=called.id,
+    )
+    assert answered.output_text == ANSWER
+    messages = anthropic_upstream[0].bodies[-1]["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    (use,) = [b for b in messages[1]["content"] if b["type"] == "tool_use"]
+    (result,) = messages[2]["content"]
+    assert (use["id"], use["name"]) == (call.call_id, "get_weather")
+    assert (result["type"], result["tool_use_id"]) == ("tool_result", call.call_id)
+
+
 def test_store_false_keeps_nothing_and_may_still_continue(
     new_client: Callable[..., openai.OpenAI],
     anthropic_upstream: tuple[FakeAnthropic, str],
