@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import datetime as dt
+import time
 import uuid
 
 import pytest
+from litestar.testing import AsyncTestClient
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from sluicegate.gateway.app import create_app
 from sluicegate.gateway.db.models import StoredResponse
 from sluicegate.gateway.db.responses import Owner, insert_response
 from sluicegate.gateway.settings import Settings
@@ -42,6 +47,23 @@ async def test_responses_past_retention_go_in_batches(
     assert await retention.prune(NOW) == 5
     assert await _kept(db_sessionmaker) == {"resp_edge", "resp_new"}
     assert await retention.prune(NOW) == 0
+
+
+async def test_every_gateway_prunes_from_its_start(
+    gateway_settings: Settings, db_sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    now = dt.datetime.now(dt.UTC)
+    await _store(db_sessionmaker, "resp_expired", now - dt.timedelta(days=3))
+    await _store(db_sessionmaker, "resp_recent", now)
+    # No usage flusher: responses are written by every replica, so every replica prunes them.
+    settings = dataclasses.replace(
+        gateway_settings, response_retention_days=2, run_usage_flusher=False
+    )
+    async with AsyncTestClient(create_app(settings)):
+        deadline = time.monotonic() + 10
+        while await _kept(db_sessionmaker) != {"resp_recent"}:
+            assert time.monotonic() < deadline, "the gateway did not prune"
+            await asyncio.sleep(0.05)
 
 
 def test_thirty_days_unless_the_environment_says_otherwise(
