@@ -36,7 +36,7 @@ from sluicegate.gateway.http.json_response import JSONBytes
 from sluicegate.gateway.schemas.responses import FunctionTool, ResponsesRequest, parse_items
 from sluicegate.gateway.schemas.wire import decode_body
 from sluicegate.gateway.services import authenticate
-from sluicegate.gateway.stored.items import input_items, page, page_options
+from sluicegate.gateway.stored.items import input_items, page, page_options, refuse_unsupported
 from sluicegate.gateway.stored.store import ResponseStore, owner_of
 from sluicegate.gateway.translate.responses_in import canonical
 from sluicegate.gateway.translate.responses_reply import Envelope, ResponsesStream, response_body
@@ -180,6 +180,7 @@ class ResponsesController(Controller):
     async def retrieve(
         self, request: Request[Any, Any, Any], response_id: FromPath[str]
     ) -> Response[bytes]:
+        refuse_unsupported(dict(request.query_params), frozenset())
         store, owner = _asker(request)
         return _json(await store.get(owner, response_id))
 

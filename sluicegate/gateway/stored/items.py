@@ -88,8 +88,20 @@ def page(
     }
 
 
+def refuse_unsupported(query: dict[str, str], supported: frozenset[str]) -> None:
+    """A query parameter we do not honour (OpenAI's ``include``, ``before``, ``stream``,
+    ``starting_after``...) is a 400 naming it, never silently dropped."""
+    for name in sorted(query.keys() - supported):
+        raise InvalidRequest(f"Query parameter '{name}' is not supported here.", param=name)
+
+
+PAGE_PARAMS = frozenset({"limit", "order", "after"})
+
+
 def page_options(query: dict[str, str]) -> tuple[int, str, str | None]:
-    """``limit``, ``order`` and ``after`` of an ``input_items`` request; a bad one is a 400."""
+    """``limit``, ``order`` and ``after`` of an ``input_items`` request; a bad one, or any other
+    parameter, is a 400."""
+    refuse_unsupported(query, PAGE_PARAMS)
     raw_limit = query.get("limit", str(DEFAULT_PAGE))
     try:
         limit = int(raw_limit)

@@ -343,6 +343,8 @@ def test_store_false_keeps_nothing_and_may_still_continue(
         ({"limit": "x"}, "limit"),
         ({"order": "up"}, "order"),
         ({"after": "nope"}, "after"),
+        ({"include": "message.input_image.image_url"}, "include"),
+        ({"before": "x"}, "before"),
     ],
 )
 def test_bad_list_options_are_400s(
@@ -355,5 +357,18 @@ def test_bad_list_options_are_400s(
             f"/responses/{response.id}/input_items",
             cast_to=httpx.Response,
             options={"params": query},
+        )
+    assert caught.value.body["param"] == param  # type: ignore[index]
+
+
+@pytest.mark.parametrize("param", ["include", "stream", "starting_after"])
+def test_retrieve_options_we_do_not_honour_are_400s(
+    new_client: Callable[..., openai.OpenAI], param: str
+) -> None:
+    client = new_client()
+    response = client.responses.create(model="claude", input="one")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.get(
+            f"/responses/{response.id}", cast_to=httpx.Response, options={"params": {param: "1"}}
         )
     assert caught.value.body["param"] == param  # type: ignore[index]
