@@ -48,6 +48,8 @@ from sluicegate.gateway.redis.direct import Address, DirectConnection
 from sluicegate.gateway.routing.router import Router
 from sluicegate.gateway.services import Services, new_request_id, request_state
 from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.stored.retention import ResponseRetention
+from sluicegate.gateway.stored.store import ResponseStore
 from sluicegate.gateway.telemetry import metrics_endpoint, serve_metrics, setup_tracing
 from sluicegate.gateway.ui import SECURITY_HEADERS as UI_SECURITY_HEADERS
 from sluicegate.gateway.ui import is_ui_path, template_config, ui_router
@@ -178,6 +180,11 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             UsageFlusher(redis, sessionmaker, settings) if settings.run_usage_flusher else None
         )
         recorder = UsageRecorder(redis, settings)
+        response_retention = (
+            ResponseRetention(sessionmaker, settings.response_retention_days)
+            if settings.response_retention_days > 0
+            else None
+        )
         leases = LeaseBook(redis, settings, limiter, recorder)
         services = Services(
             settings=settings,
@@ -198,6 +205,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             prices=prices,
             limiter=limiter,
             services=services,
+            response_store=ResponseStore(sessionmaker),
         )
         metrics_server = serve_metrics(settings) if settings.metrics_port else None
         try:
@@ -208,6 +216,8 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         if flusher is not None:
             await flusher.start()
         await leases.start()
+        if response_retention is not None:
+            await response_retention.start()
         if served:
             tune_gc()
         try:
@@ -215,6 +225,8 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         finally:
             await _bounded("settlements", services.drain_settlements())
             await _bounded("lease book", leases.stop())
+            if response_retention is not None:
+                await _bounded("response retention", response_retention.stop())
             if flusher is not None:
                 await _bounded("usage flusher", flusher.stop())
             await _bounded("key cache", key_cache.stop())

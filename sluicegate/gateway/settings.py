@@ -99,6 +99,10 @@ class Settings:
     """Delete per-request usage records finished before 00:00 UTC this many days ago, in small
     batches, from every replica that runs a usage flusher; the rollups every report and budget
     reads are kept whole. 0 = keep the records forever."""
+    response_retention_days: int = 30
+    """Delete stored Responses (``store``, which OpenAI's API defaults to true) created before
+    00:00 UTC this many days ago, in small batches, from every replica; OpenAI keeps them 30
+    days. 0 = keep them until deleted by ``DELETE /v1/responses/{id}``."""
     cooldown_failures: int = 3
     cooldown_s: float = 30.0
     upstream_retries: int = 1

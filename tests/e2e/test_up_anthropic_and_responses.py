@@ -236,6 +236,37 @@ def test_responses_logprobs_when_included(up: Any, model: str) -> None:
     assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in logprobs)
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_stored_responses_chain_three_turns_on_the_engine(
+    up: Any, model: str, stream: bool
+) -> None:
+    """``store`` left out stores (as OpenAI's); each turn continues the last by
+    ``previous_response_id`` at once, and the engine reads the whole conversation."""
+    client = up.openai(max_retries=0)
+    turns: list[Any] = []
+    for text in ("One.", "Two.", "Three."):
+        kwargs: dict[str, Any] = {"model": model, "input": text, "max_output_tokens": 4}
+        if turns:
+            kwargs["previous_response_id"] = turns[-1].id
+        if stream:
+            events = list(client.responses.create(stream=True, **kwargs))
+            turns.append(events[-1].response)
+        else:
+            turns.append(client.responses.create(**kwargs))
+    prompts = [turn.usage.input_tokens for turn in turns]
+    assert prompts == sorted(set(prompts)), prompts  # each holds the one before it
+    items = client.responses.input_items.list(turns[-1].id, order="asc").data
+    said = [(item.role, item.content[0].text) for item in items]  # type: ignore[union-attr]
+    assert [text for role, text in said if role == "user"] == ["One.", "Two.", "Three."]
+    assert [i.id for i in items if i.role == "assistant"] == [
+        item.id
+        for turn in turns[:2]
+        for item in turn.output
+        if item.type == "message" and any(part.text for part in item.content)
+    ]  # an empty answer is not read back: it would be an empty assistant turn
+    assert client.responses.retrieve(turns[-1].id).output_text == turns[-1].output_text
+
+
 def test_thinking_on_a_model_without_a_thinking_mode_is_a_400(
     claude: anthropic.Anthropic, model: str
 ) -> None:

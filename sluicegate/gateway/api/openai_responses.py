@@ -1,17 +1,28 @@
-"""``POST /v1/responses``: OpenAI's Responses API in, stateless.
+"""``/v1/responses``: OpenAI's Responses API in; the responses it stores, read and deleted.
 
-The body becomes a canonical request (translate/responses_in.py), runs the shared lifecycle
-(``sluicegate.gateway.admission.admit`` and ``sluicegate.gateway.call.call``) and comes back as a ``response`` object or the
-Responses event stream (translate/responses_reply.py). Errors keep OpenAI's shape (the app's
-handlers).
+``POST`` turns the body into a canonical request (translate/responses_in.py), runs the shared
+lifecycle (``sluicegate.gateway.admission.admit`` and ``sluicegate.gateway.call.call``) and
+comes back as a ``response`` object or the Responses event stream (translate/responses_reply.py).
+Errors keep OpenAI's shape (the app's handlers).
+
+``store`` is true unless the client sends false, as in OpenAI's API. A stored response is
+written (``sluicegate.gateway.stored``) before its answer ends: a whole body once rendered, a
+stream before its last event. So a client that continues it at once (``previous_response_id``)
+always finds it; that write is the one database round trip storing adds to a request, and
+``store: false`` adds none. ``previous_response_id`` reads one row, before admission, and the
+conversation it holds goes through the same translation as the client's own input: it works
+on every backend.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, cast
 
 import msgspec
-from litestar import Controller, Request, Response
+from litestar import Controller, Request, Response, delete, get
+from litestar.params import FromPath
+from litestar.response import Stream
 
 from sluicegate.gateway.api.inference_post import inference_post
 from sluicegate.gateway.api.openai_reply import reply
@@ -19,10 +30,15 @@ from sluicegate.gateway.api.openapi_body import body_operation
 from sluicegate.gateway.call.call import Call
 from sluicegate.gateway.canonical import Chunk
 from sluicegate.gateway.canonical import Response as Answer
+from sluicegate.gateway.db.responses import Owner
 from sluicegate.gateway.errors import OpenAIError
+from sluicegate.gateway.http.json_response import JSONBytes
+from sluicegate.gateway.schemas.responses import FunctionTool, ResponsesRequest, parse_items
 from sluicegate.gateway.schemas.wire import decode_body
 from sluicegate.gateway.services import authenticate
-from sluicegate.gateway.translate.responses_in import FunctionTool, ResponsesRequest, canonical
+from sluicegate.gateway.stored.items import input_items, page, page_options, refuse_unsupported
+from sluicegate.gateway.stored.store import ResponseStore, owner_of
+from sluicegate.gateway.translate.responses_in import canonical
 from sluicegate.gateway.translate.responses_reply import Envelope, ResponsesStream, response_body
 
 _encode = msgspec.json.Encoder().encode
@@ -47,6 +63,8 @@ def _echo(data: ResponsesRequest) -> dict[str, Any]:
         "truncation": "disabled",
         "reasoning": msgspec.to_builtins(data.reasoning) if data.reasoning else None,
         "user": data.user,
+        "store": data.store is not False,
+        "previous_response_id": data.previous_response_id,
     }
 
 
@@ -64,6 +82,12 @@ class ResponsesRenderer:
     def __init__(self, data: ResponsesRequest) -> None:
         self._data = data
         self._stream: ResponsesStream | None = None
+        self._whole: dict[str, Any] | None = None
+
+    @property
+    def final(self) -> dict[str, Any] | None:
+        """The response object the client got, once the answer ended well."""
+        return self._stream.final if self._stream is not None else self._whole
 
     def _new_stream(self, call: Call) -> ResponsesStream:
         options = self._data.stream_options
@@ -75,7 +99,9 @@ class ResponsesRenderer:
 
     def whole(self, call: Call, answer: Answer) -> bytes:
         assert call.usage is not None
-        return _encode(response_body(self._envelope(call), answer, call.usage, call.finish_reason))
+        body = response_body(self._envelope(call), answer, call.usage, call.finish_reason)
+        self._whole = body
+        return _encode(body)
 
     def opening(self, call: Call, first: Chunk) -> bytes:
         self._stream = self._new_stream(call)
@@ -95,6 +121,31 @@ class ResponsesRenderer:
         return stream.failed(str(body.get("code") or body["type"]), body["message"])
 
 
+async def _storing(
+    events: AsyncIterator[bytes],
+    renderer: ResponsesRenderer,
+    store: ResponseStore,
+    owner: Owner,
+    items: list[dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    """A stream's events, its response stored before the last one (rendered, not yet sent)."""
+    stored = False
+    async for data in events:
+        final = renderer.final
+        if final is not None and not stored:
+            stored = True
+            await store.save(owner, final, items)
+        yield data
+
+
+def _asker(request: Request[Any, Any, Any]) -> tuple[ResponseStore, Owner]:
+    return request.app.state.response_store, owner_of(request.scope["state"]["api_key"])
+
+
+def _json(body: dict[str, Any]) -> Response[bytes]:
+    return JSONBytes(_encode(body), headers={})
+
+
 class ResponsesController(Controller):
     path = "/v1/responses"
     guards = (authenticate,)
@@ -103,11 +154,49 @@ class ResponsesController(Controller):
     @inference_post(
         "/",
         status_code=200,
-        summary="Create a model response (stateless)",
+        summary="Create a model response",
         operation_class=body_operation(ResponsesRequest),
     )
     async def create(self, request: Request[Any, Any, Any]) -> Response[Any]:
         data, _ = decode_body(await request.body(), ResponsesRequest)
-        body = canonical(data)
+        store, owner = _asker(request)
+        earlier: list[dict[str, Any]] = []
+        if data.previous_response_id is not None:
+            earlier = await store.history(owner, data.previous_response_id)
+        body = canonical(data, parse_items(earlier, "previous_response_id"))
         renderer = ResponsesRenderer(data)
-        return await reply(request, body, renderer, operation="chat", id_prefix="resp_")
+        response = await reply(request, body, renderer, operation="chat", id_prefix="resp_")
+        if data.store is False:
+            return response
+        items = [*earlier, *input_items(data.input)]
+        if isinstance(response, Stream):
+            events = cast(AsyncIterator[bytes], response.iterator)
+            response.iterator = _storing(events, renderer, store, owner, items)
+        elif renderer.final is not None:
+            await store.save(owner, renderer.final, items)
+        return response
+
+    @get("/{response_id:str}", summary="Retrieve a stored response")
+    async def retrieve(
+        self, request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        refuse_unsupported(dict(request.query_params), frozenset())
+        store, owner = _asker(request)
+        return _json(await store.get(owner, response_id))
+
+    @delete("/{response_id:str}", status_code=200, summary="Delete a stored response")
+    async def remove(
+        self, request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        store, owner = _asker(request)
+        await store.delete(owner, response_id)
+        return _json({"id": response_id, "object": "response", "deleted": True})
+
+    @get("/{response_id:str}/input_items", summary="List a stored response's input items")
+    async def list_input_items(
+        self, request: Request[Any, Any, Any], response_id: FromPath[str]
+    ) -> Response[bytes]:
+        limit, order, after = page_options(dict(request.query_params))
+        store, owner = _asker(request)
+        items = await store.input_items(owner, response_id)
+        return _json(page(items, limit=limit, order=order, after=after))

@@ -1,4 +1,5 @@
-"""The gateway's tables: teams, API keys, prices, per-request usage, daily rollups, audit log.
+"""The gateway's tables: teams, API keys, prices, per-request usage, daily rollups, audit log,
+stored Responses.
 
 ``teams`` and ``api_keys`` use advanced_alchemy's UUID audit base (id, created_at, updated_at);
 the usage tables have natural keys (request id; day+key+model) so they take the plain default
@@ -333,6 +334,31 @@ class UsageRollupChange(DefaultBase):
     errors: Mapped[int] = mapped_column(BigInteger)
     source_rows: Mapped[int] = mapped_column(BigInteger)
     """usage_daily rows added (+1), removed (-1) or moved between groups by the change."""
+
+
+class StoredResponse(DefaultBase):
+    """A Responses API response kept for ``previous_response_id`` and the ``/v1/responses/{id}``
+    routes (``sluicegate.gateway.stored``); visible to its owner's team, or to the key alone
+    when the key is in no team."""
+
+    __tablename__ = "stored_responses"
+    __table_args__ = (
+        # Read by delete_responses_before (SLUICEGATE_RESPONSE_RETENTION_DAYS).
+        Index("ix_stored_responses_created", "created_at"),
+    )
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    key_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    team_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+    """The key's team when the response was made: the team that may read it."""
+    created_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True))
+    response: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    """The response object as the client got it (the last event of a stream)."""
+    input_items: Mapped[list[dict[str, Any]]] = mapped_column(JSONB)
+    """Every item the model read, each with an ``id``: the input items and output of the
+    responses this one continued (``previous_response_id``, oldest first), then its own input.
+    Whole here, so that a chain reads one row however long it is, and outlives the deletion of
+    the responses it continued."""
 
 
 metadata = ApiKey.metadata

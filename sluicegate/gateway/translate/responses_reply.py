@@ -95,7 +95,8 @@ def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 
 
 class Envelope:
-    """The fields of a ``response`` object that do not depend on the answer."""
+    """The fields of a ``response`` object that do not depend on the answer; ``request``: the
+    request's settings it repeats (``store`` and ``previous_response_id`` among them)."""
 
     def __init__(self, response_id: str, created: int, model: str, request: dict[str, Any]) -> None:
         self.response_id = response_id
@@ -120,8 +121,6 @@ class Envelope:
             "model": self.model,
             "output": output,
             "usage": usage_body(usage) if usage is not None else None,
-            "store": False,
-            "previous_response_id": None,
             **self.request,
         }
 
@@ -159,6 +158,8 @@ class ResponsesStream:
         self._items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None
         self._calls = 0
+        self.final: dict[str, Any] | None = None
+        """The response object of the stream's last event, once it ended well."""
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         if self._obfuscate and "delta" in fields:
@@ -289,7 +290,7 @@ class ResponsesStream:
     def end(self, finish_reason: str | None, usage: Usage) -> bytes:
         out = self._close()
         status, incomplete = _status(finish_reason)
-        body = self._envelope.body(status, self._items, usage, incomplete)
+        body = self.final = self._envelope.body(status, self._items, usage, incomplete)
         kind = "response.completed" if status == "completed" else "response.incomplete"
         return out + self._event(kind, response=body)
 

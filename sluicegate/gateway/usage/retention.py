@@ -30,6 +30,9 @@ PAUSE_S = 0.1
 
 
 class UsageRetention:
+    label = "usage retention"
+    """Names the pruner in its task and log lines (a subclass prunes another table)."""
+
     def __init__(
         self,
         sessionmaker: async_sessionmaker[AsyncSession],
@@ -62,19 +65,23 @@ class UsageRetention:
         deleted = 0
         while True:
             async with self._sessionmaker() as session, session.begin():
-                count = await delete_usage_records_before(session, cutoff, self._batch)
+                count = await self.delete_before(session, cutoff, self._batch)
             deleted += count
             self.deleted += count
             if count < self._batch or self._stopping.is_set():
                 break
             await self._wait(self._pause_s)
         if deleted:
-            logger.info("usage retention: deleted %d records finished before %s", deleted, cutoff)
+            logger.info("%s: deleted %d rows from before %s", self.label, deleted, cutoff)
         return deleted
+
+    async def delete_before(self, session: AsyncSession, cutoff: dt.datetime, limit: int) -> int:
+        """One batch, in the caller's transaction: how many rows went."""
+        return await delete_usage_records_before(session, cutoff, limit)
 
     async def start(self) -> None:
         self._stopping.clear()
-        self._task = asyncio.create_task(self.run(), name="usage-retention")
+        self._task = asyncio.create_task(self.run(), name=self.label.replace(" ", "-"))
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping.set()
@@ -90,7 +97,7 @@ class UsageRetention:
                 await self.prune()
             except Exception as exc:
                 # A database outage or a lock timeout: the next pass picks up where this left.
-                logger.warning("usage retention: %s: %s; retrying later", type(exc).__name__, exc)
+                logger.warning("%s: %s: %s; retrying later", self.label, type(exc).__name__, exc)
             await self._wait(self._interval_s)
 
     async def _wait(self, seconds: float) -> None:

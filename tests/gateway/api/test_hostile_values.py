@@ -33,10 +33,10 @@ from sluicegate.gateway.errors import InvalidRequest
 from sluicegate.gateway.schemas import bounds
 from sluicegate.gateway.schemas.chat import ChatCompletionRequest
 from sluicegate.gateway.schemas.completions import CompletionRequest
+from sluicegate.gateway.schemas.responses import ResponsesRequest
 from sluicegate.gateway.schemas.wire import decode_body
 from sluicegate.gateway.settings import Settings
 from sluicegate.gateway.translate.anthropic_in import MessagesRequest
-from sluicegate.gateway.translate.responses_in import ResponsesRequest
 from sluicegate.gateway.ui.common import FormError, page_number
 from tests.gateway.key_records import key_record
 

@@ -12,7 +12,8 @@ import openai
 import pytest
 
 from sluicegate.gateway.canonical import ImagePart, ToolResult
-from sluicegate.gateway.translate.responses_in import ResponsesRequest, canonical
+from sluicegate.gateway.schemas.responses import ResponsesRequest
+from sluicegate.gateway.translate.responses_in import canonical
 
 from .servers import Upstream
 

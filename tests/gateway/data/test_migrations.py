@@ -35,6 +35,7 @@ TABLES = {
     "model_prices",
     "audit_log",
     "usage_rollup_changes",
+    "stored_responses",
     *DERIVED_ROLLUPS,
 }
 
@@ -192,7 +193,10 @@ def test_0003_fills_the_derived_rollups_from_usage_daily_and_downgrades(
     ) == [(6,)]
 
     downgrade(url, "0002")
-    assert _schema(url)[0] == TABLES - DERIVED_ROLLUPS - {"usage_rollup_changes"}
+    assert _schema(url)[0] == TABLES - DERIVED_ROLLUPS - {
+        "usage_rollup_changes",
+        "stored_responses",
+    }
     indexes = _execute(url, "SELECT indexname FROM pg_indexes WHERE tablename = 'usage_records'")
     assert {name for (name,) in indexes} == {
         "pk_usage_records",

@@ -1,6 +1,6 @@
-"""OpenAI's Responses API in (stateless), with the official ``openai`` SDK, through hosted
-adapters: text, a function tool streamed and not, function_call_output follow-ups, usage,
-and the 400s of a stateless gateway."""
+"""OpenAI's Responses API in, with the official ``openai`` SDK, through hosted adapters: text,
+a function tool streamed and not, function_call_output follow-ups, usage, and the 400s for
+what no backend honours (stored responses: test_stored_responses.py)."""
 
 from __future__ import annotations
 
@@ -93,15 +93,10 @@ def test_function_tool_and_output_item(client: openai.OpenAI, model: str, stream
     assert follow.output_text.startswith("w0") and follow.status == "completed"
 
 
-def test_stateless_fields_are_refused(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        client.responses.create(
-            model="anthropic-plain", input="hi", previous_response_id="resp_earlier"
-        )
-    assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
-    with pytest.raises(openai.BadRequestError) as stored:
-        client.responses.create(model="anthropic-plain", input="hi", store=True)
-    assert stored.value.body["param"] == "store"  # type: ignore[index]
+def test_fields_no_backend_honours_are_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as background:
+        client.responses.create(model="anthropic-plain", input="hi", background=True)
+    assert background.value.body["param"] == "background"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as hosted_tool:
         client.responses.create(
             model="anthropic-plain",
@@ -109,6 +104,14 @@ def test_stateless_fields_are_refused(client: openai.OpenAI) -> None:
             tools=[{"type": "web_search"}],  # type: ignore[list-item]
         )
     assert "tools[0]" in str(hosted_tool.value.body)
+
+
+def test_an_unknown_previous_response_is_a_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.responses.create(
+            model="anthropic-plain", input="hi", previous_response_id="resp_earlier"
+        )
+    assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
 def test_json_schema_format_reaches_the_backend(
