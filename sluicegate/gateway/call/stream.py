@@ -1,9 +1,11 @@
 """A streamed answer: the first chunk decides between an HTTP error and a 200, then the
 router's chunks are relayed through the controller's ``Renderer`` as server-sent events.
 
-Everything after the first chunk runs inside one guard (``_events``): whatever fails there,
+Everything after the first chunk runs inside one guard (``_relay``): whatever fails there,
 renderer included, the client gets its API's error event and the stream ends normally, so the
-background ``close`` settles the call — also when the client went away mid-stream.
+background ``close`` settles the call — also when the client went away mid-stream. The relay
+writes each chunk's events with ``send`` itself (``EventStream``): no task, cancel scope or
+generator step of Litestar's between a chunk and its write.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from collections.abc import AsyncIterator
 
 import anyio
 from litestar.background_tasks import BackgroundTask
-from litestar.response import Stream
+from litestar.types import Send
 
 from sluicegate.gateway.call.call import Call, Renderer, public_error, with_headers
 from sluicegate.gateway.canonical import Chunk, Usage
 from sluicegate.gateway.errors import OpenAIError, UpstreamError
+from sluicegate.gateway.http.event_stream import EventStream
 from sluicegate.gateway.providers.base import ProviderError
 from sluicegate.gateway.telemetry import ADDED_LATENCY
 
@@ -27,7 +30,7 @@ logger = logging.getLogger(__name__)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-async def stream(call: Call, renderer: Renderer) -> Stream:
+async def stream(call: Call, renderer: Renderer) -> EventStream:
     """Answer ``call`` as an event stream; its settlement runs after the response."""
     call.generation_started = time.perf_counter()
     generation = call.services.router.stream(call.route, call.request)
@@ -61,38 +64,38 @@ async def stream(call: Call, renderer: Renderer) -> Stream:
     call.deployment = generation.deployment
     call.chunk_received(first)
     ADDED_LATENCY.observe(call.generation_started - call.started)
-    events = _events(call, renderer, chunks, first)
+
+    async def relay(send: Send) -> None:
+        await _relay(call, renderer, chunks, first, send)
 
     async def close() -> None:
-        # Runs after the response, also when the client went away: closing the generators
+        # Runs after the response, also when the client went away: closing the generator
         # cancels the upstream call; finish bills what was delivered.
-        await events.aclose()
         await generation.aclose()
         await call.finish()
 
-    return Stream(
-        events,
-        media_type="text/event-stream",
+    return EventStream(
+        relay,
         headers={**SSE_HEADERS, **call.response_headers()},
         background=BackgroundTask(close),
     )
 
 
-async def _events(
-    call: Call, renderer: Renderer, chunks: AsyncIterator[Chunk], first: Chunk
-) -> AsyncIterator[bytes]:
+async def _relay(
+    call: Call, renderer: Renderer, chunks: AsyncIterator[Chunk], first: Chunk, send: Send
+) -> None:
     """The stream's bytes; cancelled mid-way when the client disconnects (``finish`` bills
     that). Rendering is inside the guard too: whatever fails, the client gets its API's error
-    event and the stream ends normally, so ``close`` settles it."""
+    event and the stream ends normally, so ``close`` settles it. The last events go out with
+    the body's end."""
     chunk: Chunk | None = first
     try:
-        opening = renderer.opening(call, first)
-        if opening:
-            yield opening
+        data = renderer.opening(call, first)
         while chunk is not None:
-            data = renderer.chunk(call, chunk)
+            data += renderer.chunk(call, chunk)
             if data:
-                yield data
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+                data = b""
             chunk = await anext(chunks, None)
             if chunk is not None:
                 call.chunk_received(chunk)
@@ -100,19 +103,17 @@ async def _events(
         call.finish_reason = call.finish_reason or "stop"
         if call.usage is None:
             call.usage = Usage(call.prompt_tokens or call.prompt_estimate, call.delivered_tokens)
-        closing = renderer.closing(call)
+        last = renderer.closing(call)
     except ProviderError as exc:
         call.status = "error"
         if exc.usage is not None:
             call.usage = exc.usage
-        yield renderer.error(call, public_error(exc, call.prompt_param))
-        return
+        last = renderer.error(call, public_error(exc, call.prompt_param))
     except Exception:
         # Whatever broke, the client gets its API's error event and the request is settled.
         logger.exception("stream %s failed", call.request_id)
         call.status = "error"
         failure = UpstreamError("The server had an error while streaming the response.")
         failure.error_type = "server_error"
-        yield renderer.error(call, failure)
-        return
-    yield closing
+        last = renderer.error(call, failure)
+    await send({"type": "http.response.body", "body": last, "more_body": False})

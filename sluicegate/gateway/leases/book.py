@@ -84,7 +84,9 @@ class LeaseBook:
         self._pending: dict[str, _PendingSettle] = {}
         """Requests whose settle failed (Redis unreachable): retried by the renewal loop."""
         self._task: asyncio.Task[None] | None = None
-        self._writes: set[asyncio.Task[None]] = set()
+        self._first_tokens: list[Lease] = []
+        """Leases whose first token went out, to store at once (``_store_first_tokens``)."""
+        self._storing: asyncio.Task[None] | None = None
         self._reaper = LeaseReaper(redis, self.instance_id, self._replicas, limiter, recorder)
 
     @property
@@ -175,15 +177,33 @@ class LeaseBook:
         if first_token and not lease.first_token:
             # From now on the request is billed if this replica dies: store that at once.
             lease.first_token = True
-            task = asyncio.get_running_loop().create_task(self._write(lease))
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
+            self._first_tokens.append(lease)
+            if self._storing is None:
+                self._storing = asyncio.get_running_loop().create_task(self._store_first_tokens())
 
-    async def _write(self, lease: Lease) -> None:
-        with contextlib.suppress(RedisError):
-            if lease.request_id in self._leases:
-                keys, args = renew_call([lease], time.time(), self._limiter.slot_ttl_s)
-                await self._redis.eval(RENEW_LUA, len(keys), *keys, *args)
+    async def _store_first_tokens(self) -> None:
+        """Stores the leases whose first token went out: those that came while a write was in
+        flight go together in the next, on the request path's own connection (joined with
+        other requests' commands), so many streams starting at once cost neither a task nor
+        a redis-py call each."""
+        try:
+            while self._first_tokens:
+                leases, self._first_tokens = self._first_tokens, []
+                by_hash: dict[str, list[Lease]] = {}
+                for lease in leases:
+                    if lease.request_id in self._leases:
+                        by_hash.setdefault(lease.settle_keys[-1], []).append(lease)
+                now = time.time()
+                commands = []
+                for group in by_hash.values():
+                    keys, args = renew_call(group, now, self._limiter.slot_ttl_s)
+                    commands.append(("EVAL", RENEW_LUA, len(keys), *keys, *args))
+                if commands:
+                    # A failed write is retried by the next renewal, which carries every lease.
+                    with contextlib.suppress(RedisError):
+                        await self._limiter.batch.execute(*commands)
+        finally:
+            self._storing = None
 
     def forget(self, request_id: str) -> None:
         """The request was settled here (which released its stored lease)."""

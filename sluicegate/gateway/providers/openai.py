@@ -33,7 +33,6 @@ from sluicegate.gateway.providers.base import ProviderError, unsupported_field
 from sluicegate.gateway.providers.hosted import (
     TRANSPORT_ERRORS,
     Sessions,
-    StreamedResponse,
     json_headers,
     with_traceparent,
 )
@@ -45,6 +44,7 @@ from sluicegate.gateway.providers.openai_wire import (
     request_body,
     response,
 )
+from sluicegate.gateway.providers.sse_lines import LineReader
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,8 @@ class OpenAIProvider:
                 if reply.status >= 400:
                     raw = await reply.read()
                     raise _error_from_response(reply.status, raw, self.name)
-                async for line in StreamedResponse(reply).aiter_lines():
+                reader = LineReader(reply.content)
+                while lines := await reader.lines():
                     if deadline and time.time() > deadline:
                         # Reads are bounded one by one; this bounds the whole stream (past
                         # its deadline the request's slot and reservation are no longer held).
@@ -234,26 +235,27 @@ class OpenAIProvider:
                             retryable=not started,
                             status_code=504,
                         )
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    parsed = reply_decoder.decode(data)
-                    if parsed.error is not None:
-                        raise ProviderError(
-                            f"deployment {self.name}: {parsed.error.message}",
-                            retryable=not started,
+                    for line in lines:
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            return
+                        parsed = reply_decoder.decode(data)
+                        if parsed.error is not None:
+                            raise ProviderError(
+                                f"deployment {self.name}: {parsed.error.message}",
+                                retryable=not started,
+                            )
+                        chunk = Chunk(
+                            [choice_delta(c) for c in parsed.choices],
+                            usage=parsed.canonical_usage(),
+                            raw=_json_decoder.decode(data) if relay else None,
                         )
-                    chunk = Chunk(
-                        [choice_delta(c) for c in parsed.choices],
-                        usage=parsed.canonical_usage(),
-                        raw=_json_decoder.decode(data) if relay else None,
-                    )
-                    if chunk.has_output():
-                        started = True
-                        chunk.num_tokens = 1
-                    yield chunk
+                        if chunk.has_output():
+                            started = True
+                            chunk.num_tokens = 1
+                        yield chunk
         except TRANSPORT_ERRORS as exc:
             if deadline and time.time() >= deadline:
                 raise ProviderError(

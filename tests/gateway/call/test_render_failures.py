@@ -128,11 +128,15 @@ async def gateway(redis_url: str, upstream_url: str) -> AsyncIterator[Gateway]:
 async def serve(response: Any) -> bytes:
     """What Litestar does with a streamed response: send the body, then run its background
     task, which it skips when the body raised."""
-    body = b""
-    async for data in response.iterator:
-        body += data
+    messages: list[Any] = []
+
+    async def send(message: Any) -> None:
+        messages.append(message)
+
+    await response.relay(send)
+    assert [m["more_body"] for m in messages] == [True] * (len(messages) - 1) + [False]
     await response.background()
-    return body
+    return b"".join(m["body"] for m in messages)
 
 
 async def test_a_whole_answer_that_fails_to_render_is_settled(gateway: Gateway) -> None:

@@ -157,6 +157,27 @@ async def test_a_dead_replicas_requests_are_settled_once_by_another(replicas: Re
     assert len(await replicas.usage()) == 2
 
 
+async def test_the_first_token_is_stored_before_any_renewal(replicas: Replicas) -> None:
+    """From its first token a stream is billed if its replica dies, renewal or not; streams
+    starting together are stored together."""
+    victim, survivor = replicas.book(), await replicas.reaper()
+    started = [await replicas.admit(victim) for _ in range(2)]
+    for admission in started:
+        victim.progress(
+            admission.request_id, prompt_tokens=9, delivered_tokens=1, first_token=True,
+            deployment="d",
+        )  # fmt: skip
+    for _ in range(200):
+        if victim._storing is None:
+            break
+        await asyncio.sleep(0.01)
+    await replicas.die(victim)
+
+    assert await survivor.reap() == 2
+    usage = [(e.prompt_tokens, e.completion_tokens) for e in await replicas.usage()]
+    assert usage == [(9, 1)] * 2
+
+
 async def test_renewals_never_bring_back_a_settled_lease(replicas: Replicas) -> None:
     book = replicas.book()
     admission = await replicas.admit(book)
