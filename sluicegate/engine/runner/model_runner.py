@@ -264,6 +264,27 @@ class ModelRunner:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
 
+    @torch.inference_mode()
+    def run_speculative(self, output: SchedulerOutput, num_drafts: np.ndarray) -> torch.Tensor:
+        """As ``run``, but the i-th sampling item's logits come at each of its last
+        ``num_drafts[i] + 1`` positions (the draft tokens it verifies, then its next token),
+        item after item. Eager: a step of several query tokens per row replays no graph."""
+        step = self.input_batch.prepare(output)
+        self.last_step = step
+        last = step.sample_rows.astype(np.int64)
+        widths = num_drafts + 1
+        offsets = np.arange(int(widths.sum())) - np.repeat(np.cumsum(widths) - widths, widths)
+        step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
+        ids, positions, meta, sample_rows = self._device_inputs(step)
+        with step_metadata(meta):
+            hidden = self._forward(ids, positions, meta)
+        return self.model.compute_logits(hidden[sample_rows]).float()
+
+    def rollback(self, row: int, generation: int, num_tokens: int, num_blocks: int) -> None:
+        """A request's batch row after rejected draft tokens: its known tokens and its
+        block table end where the scheduler's rollback left the sequence."""
+        self.input_batch.rollback(row, generation, num_tokens, num_blocks)
+
     def mark_pending(self, step: StepArrays, tokens: torch.Tensor) -> None:
         """``step``'s sampled tokens, on the device and not read yet: the next step takes
         its decode inputs from them there (async scheduling)."""
