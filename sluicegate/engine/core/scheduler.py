@@ -117,8 +117,10 @@ class Scheduler:
             if draft:
                 # Drafts give way first: to the budget, and to free blocks before any
                 # preemption, so speculation never evicts another sequence.
-                if num_new == 1 and len(draft) < budget and (
-                    self.block_manager.can_append_slots(seq, 1 + len(draft))
+                if (
+                    num_new == 1
+                    and len(draft) < budget
+                    and self.block_manager.can_append_slots(seq, 1 + len(draft))
                 ):
                     seq.token_ids.extend(draft)
                     num_new += len(draft)

@@ -273,7 +273,7 @@ class ModelRunner:
         self.last_step = step
         last = step.sample_rows.astype(np.int64)
         widths = num_drafts + 1
-        offsets = np.arange(int(widths.sum())) - np.repeat(np.cumsum(widths) - widths, widths)
+        offsets = np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)
         step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
         ids, positions, meta, sample_rows = self._device_inputs(step)
         with step_metadata(meta):

@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from sluicegate.engine.core.config import SchedulerConfig
@@ -21,14 +20,13 @@ from sluicegate.engine.options import EngineOptions, resolve_device
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
-from sluicegate.engine.runner.readback import PendingRead, start_read
+from sluicegate.engine.runner.readback import PendingRead
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from sluicegate.engine.sample.guided import TokenBitmask
 from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.sampler import Sampler
 from sluicegate.engine.sample.slots import BatchRows, derived_seed
-from sluicegate.engine.sample.speculative import verify_drafts
 from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings, fill_text
 from sluicegate.engine.serving.request_options import RequestOptions
 from sluicegate.engine.serving.speculation import Speculator, speculable
@@ -287,8 +285,9 @@ class EngineCore:
         sampling_items = [item for item in output.scheduled if item.samples]
         verdicts = None
         if self.speculator is not None and any(item.num_drafts for item in sampling_items):
-            num_drafts = np.array([item.num_drafts for item in sampling_items], dtype=np.int64)
-            logits, verdicts = self._verify(output, sampling_items, num_drafts)
+            logits, verdicts = self.speculator.verify(
+                self.runner, self.sampler.generator, output, sampling_items
+            )
         else:
             logits = self.runner.run(output)
         step = self.runner.last_step
@@ -316,26 +315,6 @@ class EngineCore:
         self.scheduler.advance(output)
         return _Launched(output, sampling_items, step, sampled, bool(forked_rows))
 
-    def _verify(
-        self, output: SchedulerOutput, items: list[ScheduledSequence], num_drafts: np.ndarray
-    ) -> tuple[torch.Tensor, PendingRead]:
-        """Forward a step with draft tokens: the logits after each item's last token (what
-        the sampler draws the token after the drafts from), and the drafts' verdicts."""
-        logits = self.runner.run_speculative(output, num_drafts)
-        last = np.cumsum(num_drafts + 1) - 1
-        drafted = np.ones(len(logits), dtype=bool)
-        drafted[last] = False
-        drafts = [t for i in items for t in i.seq.token_ids[i.start + 1 :][: i.num_drafts]]
-        params = [i.seq.params for i in items for _ in range(i.num_drafts)]
-        device = logits.device
-        verdicts = verify_drafts(
-            logits[torch.from_numpy(np.flatnonzero(drafted)).to(device)],
-            np.array(drafts, dtype=np.int64),
-            params,
-            self.sampler.generator,
-        )
-        return logits[torch.from_numpy(last).to(device)], start_read(verdicts)
-
     def _complete(self, launched: _Launched) -> list[RequestDelta]:
         """Read a launched step's tokens (its one wait for the device), put them in place of
         their placeholders, and turn them into deltas. A verified step first keeps each
@@ -344,14 +323,9 @@ class EngineCore:
         tokens = result.token_ids
         if launched.verdicts is not None:
             assert self.speculator is not None
-            tokens, rolled = self.speculator.accept(
-                self.scheduler, launched.sampling_items, launched.verdicts.result(), tokens
+            tokens = self.speculator.settle(
+                self.scheduler, self.runner, launched.output, launched.verdicts, tokens
             )
-            for item in rolled:
-                seq = item.seq
-                self.runner.rollback(seq.batch_row, seq.batch_generation, seq.num_tokens,
-                                     len(seq.block_table))  # fmt: skip
-            self.scheduler.advance(launched.output)
         else:
             self.runner.record_sampled(launched.step, tokens)
         self.scheduler.record(launched.output, tokens)

@@ -10,12 +10,19 @@ grammar-constrained ones are not speculated: they take their one token per step 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as SequenceOf
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceOf
+
+import numpy as np
+import torch
 
 from sluicegate.engine.core.scheduler import Scheduler
-from sluicegate.engine.core.scheduler_output import ScheduledSequence
+from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.runner.model_runner import ModelRunner
+from sluicegate.engine.runner.readback import PendingRead, start_read
 from sluicegate.engine.sample.params import SamplingParams
+from sluicegate.engine.sample.speculative import verify_drafts
 from sluicegate.engine.spec.config import SpeculativeConfig
 from sluicegate.engine.spec.ngram import propose_ngram
 
@@ -60,22 +67,50 @@ class Speculator:
                 drafts[seq.request_id] = tokens
         return drafts
 
-    def accept(
+    def verify(
+        self,
+        runner: ModelRunner,
+        generator: torch.Generator,
+        output: SchedulerOutput,
+        items: list[ScheduledSequence],
+    ) -> tuple[torch.Tensor, PendingRead]:
+        """Forward a step with draft tokens (``items``: those that sample): the logits
+        after each item's last token, from which the sampler draws the token that follows
+        all its drafts, and the drafts' verdicts with their read queued."""
+        num_drafts = np.array([item.num_drafts for item in items], dtype=np.int64)
+        logits = runner.run_speculative(output, num_drafts)
+        last = np.cumsum(num_drafts + 1) - 1
+        drafted = np.ones(len(logits), dtype=bool)
+        drafted[last] = False
+        drafts = [t for i in items for t in i.seq.token_ids[i.start + 1 :][: i.num_drafts]]
+        params = [i.seq.params for i in items for _ in range(i.num_drafts)]
+        device = logits.device
+        verdicts = verify_drafts(
+            logits[torch.from_numpy(np.flatnonzero(drafted)).to(device)],
+            np.array(drafts, dtype=np.int64),
+            params,
+            generator,
+        )
+        return logits[torch.from_numpy(last).to(device)], start_read(verdicts)
+
+    def settle(
         self,
         scheduler: Scheduler,
-        items: list[ScheduledSequence],
-        verdicts: list[list[int]],
+        runner: ModelRunner,
+        output: SchedulerOutput,
+        verdicts: PendingRead,
         sampled: list[int],
-    ) -> tuple[list[int], list[ScheduledSequence]]:
-        """Settle a verified step before ``Scheduler.advance``: each item keeps its leading
-        accepted drafts, then one token (the first rejection's replacement, or the token
-        sampled after the last draft when all are accepted). ``verdicts`` holds one
-        [accepted, token] per draft token, item after item; ``sampled`` one token per item.
-        A stop token among the accepted drafts ends the output there. Returns every item's
-        next token and the items that rolled back."""
+    ) -> list[int]:
+        """A verified step's bookkeeping, up to ``Scheduler.advance``: each item keeps its
+        leading accepted drafts, then one token (the first rejection's replacement, or the
+        token sampled after the last draft when all are accepted); the rest roll back in
+        the scheduler and in the runner's batch rows. ``sampled`` has one token per item
+        that samples. A stop token among the accepted drafts ends the output there.
+        Returns each such item's next token, for ``Scheduler.record``."""
         tokens = list(sampled)
-        rolled: list[ScheduledSequence] = []
+        rows = verdicts.result()
         row = 0
+        items = [item for item in output.scheduled if item.samples]
         for index, item in enumerate(items):
             k = item.num_drafts
             if not k:
@@ -83,9 +118,9 @@ class Speculator:
             seq = item.seq
             drafted = seq.token_ids[item.start + 1 : item.start + 1 + k]
             accepted = 0
-            while accepted < k and verdicts[row + accepted][0]:
+            while accepted < k and rows[row + accepted][0]:
                 accepted += 1
-            token = verdicts[row + accepted][1] if accepted < k else sampled[index]
+            token = rows[row + accepted][1] if accepted < k else sampled[index]
             row += k
             self.num_draft_tokens += k
             self.num_accepted_tokens += accepted
@@ -94,9 +129,11 @@ class Speculator:
                     accepted, token = position, draft
                     break
             scheduler.accept_drafts(item, accepted)
+            runner.rollback(seq.batch_row, seq.batch_generation, seq.num_tokens,
+                            len(seq.block_table))  # fmt: skip
             tokens[index] = token
-            rolled.append(item)
-        return tokens, rolled
+        scheduler.advance(output)
+        return tokens
 
     def stats(self) -> dict[str, float | int]:
         drafted = self.num_draft_tokens

@@ -56,8 +56,9 @@ def test_drafts_are_computed_with_the_decode_and_rejected_ones_roll_back() -> No
 
 
 def test_drafts_give_way_to_the_budget_and_to_free_blocks() -> None:
-    config = SchedulerConfig(num_kv_blocks=3, max_model_len=128, block_size=4,
-                             max_num_batched_tokens=4)  # fmt: skip
+    config = SchedulerConfig(
+        num_kv_blocks=3, max_model_len=128, block_size=4, max_num_batched_tokens=4
+    )
     scheduler = Scheduler(config)
     seq = decoding(scheduler, "a", [1, 2, 3])
     output = scheduler.schedule({"a": [5, 6, 7, 8]})  # 5 tokens > budget 4
@@ -74,8 +75,9 @@ def test_drafts_give_way_to_the_budget_and_to_free_blocks() -> None:
 
 
 def test_a_prefill_chunk_never_takes_drafts() -> None:
-    scheduler = Scheduler(SchedulerConfig(num_kv_blocks=8, max_model_len=128, block_size=4,
-                                          max_num_batched_tokens=4))  # fmt: skip
+    scheduler = Scheduler(
+        SchedulerConfig(num_kv_blocks=8, max_model_len=128, block_size=4, max_num_batched_tokens=4)
+    )
     seq = Sequence("a", list(range(1, 11)), Params())
     scheduler.add(seq)
     scheduler.postprocess(scheduler.schedule(), [None])

@@ -35,8 +35,10 @@ def test_a_proposal_overlapping_the_suffix_itself_is_cut_at_the_end() -> None:
 
 
 def test_config_parses_as_vllm_spells_it() -> None:
-    text = '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, ' \
-        '"prompt_lookup_min": 1}'  # fmt: skip
+    text = (
+        '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3, '
+        '"prompt_lookup_min": 1}'
+    )
     config = SpeculativeConfig.parse(text)
     assert (config.num_speculative_tokens, config.prompt_lookup_max) == (5, 3)
     assert config.prompt_lookup_min == 1
