@@ -67,8 +67,10 @@ class ModelRunner:
             max_num_seqs, max_model_len, block_size, max_num_batched_tokens
         )
         if device.type != "cpu":
+            # Ids, positions, slots and (a speculative step's: one per verified token)
+            # sampled rows per token; lengths, query offsets and sampled rows per request.
             capacity = (
-                3 * max_num_batched_tokens
+                4 * max_num_batched_tokens
                 + 3 * max_num_seqs
                 + 1
                 + max_num_seqs * self.input_batch.max_blocks

@@ -103,12 +103,14 @@ SETTINGS = {
     # 16-token chunks, the shared prefix from the cache, and 9 blocks for six requests of
     # up to 4-8 blocks each: some are preempted and recomputed, drafts and all.
     "busy": dict(num_kv_blocks=9, max_num_batched_tokens=16, enable_prefix_caching=True),
+    # Steps overlap (as on CUDA) except where they speculate.
+    "async": dict(num_kv_blocks=64, async_scheduling=True),
 }
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("drafts", ["ngram", "oracle", "spoiled"])
-@pytest.mark.parametrize("setting", ["roomy", "busy"])
+@pytest.mark.parametrize("setting", ["roomy", "busy", "async"])
 def test_greedy_outputs_equal_those_without_speculation(
     model_dirs: dict[str, Path],
     reference: Callable[[str], list[list[int]]],
@@ -271,3 +273,23 @@ def test_random_sampling_speculates_and_grammar_or_penalised_requests_do_not(
     )
     assert [len(o.token_ids) for o in outputs] == [24] * len(outputs)
     assert proposed and spec.stats()["spec_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize(("limit", "speculates"), [(5, False), (6, True)])
+def test_a_batch_larger_than_disable_by_batch_size_is_not_speculated(
+    model_dirs: dict[str, Path],
+    reference: Callable[[str], list[list[int]]],
+    use_proposer: Callable[[Proposer], None],
+    limit: int,
+    speculates: bool,
+) -> None:
+    """Six requests of one length run side by side to the end: with a limit of 5 no step
+    speculates, with 6 every decode does."""
+    want = reference("llama")
+    use_proposer(oracle(dict(zip(map(tuple, prompts()), want, strict=True)), False))
+    config = {**SPEC, "disable_by_batch_size": limit}
+    outputs, stats, _ = run(
+        model_dirs["llama"], prompts(), num_kv_blocks=64, speculative_config=config
+    )
+    assert [o.token_ids for o in outputs] == want
+    assert (stats["spec_draft_tokens"] > 0) is speculates
