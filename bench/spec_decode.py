@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,13 @@ def single_stream(
     }
 
 
+def wrong_drafts(vocab: int) -> Callable[[list[int], int, int, int], list[int]]:
+    def propose(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+        return [(token_ids[-1] + 1) % vocab] * k
+
+    return propose
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=160)
@@ -164,8 +172,7 @@ def main() -> None:
     )
     for name, tasks in workloads:
         if name == "worst":
-            vocab = spec.engine.model.config.vocab_size
-            speculation.propose_ngram = lambda ids, k, low, high: [(ids[-1] + 1) % vocab] * k
+            speculation.propose_ngram = wrong_drafts(spec.engine.model.config.vocab_size)
         figures = single_stream(plain, spec, tasks, params, args.rounds)
         print(
             f"{name:>5} single-stream: plain {figures['plain_tok_s']} tok/s, speculative "
