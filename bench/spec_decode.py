@@ -170,10 +170,12 @@ def main() -> None:
     workloads = [("quote", QUOTE), ("novel", NOVEL)] + (
         [("worst", NOVEL)] if args.worst_case else []
     )
+    lookup = speculation.propose_ngram
     for name, tasks in workloads:
         if name == "worst":
             speculation.propose_ngram = wrong_drafts(spec.engine.model.config.vocab_size)
         figures = single_stream(plain, spec, tasks, params, args.rounds)
+        speculation.propose_ngram = lookup
         print(
             f"{name:>5} single-stream: plain {figures['plain_tok_s']} tok/s, speculative "
             f"{figures['spec_tok_s']} tok/s ({figures['speedup']}x), acceptance "
