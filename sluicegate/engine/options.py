@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -51,6 +52,10 @@ class EngineOptions:
     # work overlaps step N+1 in turn). None: on CUDA only, where the device runs ahead of
     # the host; on CPU the same path runs, correct but no faster (the forward is blocking).
     async_scheduling: bool | None = None
+    # Speculative decoding as vLLM configures it, e.g. {"method": "ngram",
+    # "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    # (sluicegate.engine.spec.config); None: off.
+    speculative_config: dict[str, Any] | None = None
 
 
 def resolve_device(name: str) -> torch.device:

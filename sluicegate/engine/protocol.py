@@ -363,6 +363,9 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     never less than the queue's head had waited (``sluicegate.engine.worker.queue_estimate``; 0: no
     queue, a slot and KV room free), so a gateway can send a burst's excess elsewhere
     (spill-over). Older workers sent the head's wait alone; it reads the same way."""
+    spec_acceptance_rate: float = 0.0
+    """Share of speculative draft tokens the model accepted since the worker started (0:
+    speculative decoding off, or nothing proposed yet)."""
     v: int = msgspec.field(default_factory=_version)
 
 

@@ -183,6 +183,18 @@ class BlockManager:
         """Grow a running sequence's table to hold ``num_new_tokens`` more tokens."""
         self._grow(seq, seq.num_computed_tokens + num_new_tokens)
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Shrink a running sequence's table to ``num_tokens`` tokens: the blocks past them
+        held only rejected draft tokens (never hashed: only computed, accepted tokens are),
+        so they go back as fresh, first in line to be taken again."""
+        keep = blocks_for(num_tokens, self.block_size)
+        while len(seq.block_table) > keep:
+            block_id = seq.block_table.pop()
+            block = self.blocks[block_id]
+            assert block.ref_count == 1 and block.block_hash is None, "a draft's block"
+            block.ref_count = 0
+            self._free.appendleft(block_id)
+
     def fork(
         self, parent: Sequence, child: Sequence, num_tokens: int
     ) -> list[tuple[int, int]] | None:

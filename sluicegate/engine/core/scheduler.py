@@ -95,7 +95,10 @@ class Scheduler:
 
     # -- one step ---------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
+        """``drafts``: proposed next tokens by request id (speculative decoding), verified
+        in this step by sequences in decode where the budget and free blocks allow: they
+        are appended to the sequence's tokens until ``accept_drafts`` keeps the accepted."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted: list[Sequence] = []
@@ -110,6 +113,19 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            draft = drafts.get(seq.request_id) if drafts else None
+            if draft:
+                # Drafts give way first: to the budget, and to free blocks before any
+                # preemption, so speculation never evicts another sequence.
+                if (
+                    num_new == 1
+                    and len(draft) < budget
+                    and self.block_manager.can_append_slots(seq, 1 + len(draft))
+                ):
+                    seq.token_ids.extend(draft)
+                    num_new += len(draft)
+                else:
+                    draft = None
             while not self.block_manager.can_append_slots(seq, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -119,7 +135,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 break  # seq was the youngest itself: nobody is left behind it
             self.block_manager.append_slots(seq, num_new)
-            scheduled.append(ScheduledSequence(seq, num_new))
+            scheduled.append(ScheduledSequence(seq, num_new, len(draft) if draft else 0))
             columns.append((seq.batch_row, seq.batch_generation, seq.num_computed_tokens,
                             num_new, len(seq.block_table), seq.num_tokens))  # fmt: skip
             budget -= num_new
@@ -203,6 +219,16 @@ class Scheduler:
 
     # -- results ----------------------------------------------------------------------------
 
+    def accept_drafts(self, item: ScheduledSequence, num_accepted: int) -> None:
+        """Keep the first ``num_accepted`` of ``item``'s draft tokens and roll the rest back
+        (before ``advance``): the sequence ends at them, the step counts as having computed
+        up to them, and blocks that held only rejected drafts are freed."""
+        seq = item.seq
+        keep = item.start + 1 + num_accepted
+        del seq.token_ids[keep:]
+        item.num_new_tokens = 1 + num_accepted
+        self.block_manager.trim(seq, keep)
+
     def postprocess(self, output: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
         """Record a step's results; returns the sequences that finished in it.
 
@@ -260,7 +286,7 @@ class Scheduler:
             if item.token_index is None or (seq.is_finished and seq.finish_reason != "length"):
                 continue
             seq.token_ids[item.token_index] = token
-            if not self._stops(seq, token):
+            if not self.stops(seq, token):
                 continue
             if seq.is_finished:
                 seq.finish_reason = "stop"  # EOS or a stop token wins over the length
@@ -270,7 +296,8 @@ class Scheduler:
         return finished
 
     @staticmethod
-    def _stops(seq: Sequence, token: int) -> bool:
+    def stops(seq: Sequence, token: int) -> bool:
+        """Whether ``token`` ends ``seq`` (EOS unless ignored, or one of its stop tokens)."""
         return token in seq.stop_token_ids or (
             token in seq.eos_token_ids and not seq.params.ignore_eos
         )

@@ -16,6 +16,9 @@ class ScheduledSequence:
 
     seq: Sequence
     num_new_tokens: int
+    # How many of those tokens are draft tokens to verify (the last ones; speculative
+    # decoding): the step then needs logits at each of the last num_drafts + 1 positions.
+    num_drafts: int = 0
     start: int = field(init=False)
     # True when the step reaches the sequence's last token, so its logits give the next token.
     samples: bool = field(init=False)

@@ -118,6 +118,14 @@ class InputBatch:
         )
         self.token_ids[rows[ok], positions[ok]] = tokens[ok]
 
+    def rollback(self, row: int, generation: int, num_tokens: int, num_blocks: int) -> None:
+        """Forget a row's tokens and blocks past ``num_tokens`` and ``num_blocks`` (draft
+        tokens rejected, their blocks freed): a freed block's place may hold another block
+        when the table grows again, so the next step copies it in afresh."""
+        if self._generation[row] == generation:
+            self.num_tokens[row] = min(int(self.num_tokens[row]), num_tokens)
+            self.num_blocks[row] = min(int(self.num_blocks[row]), num_blocks)
+
     def prepare(self, output: SchedulerOutput) -> StepArrays:
         arrays = output.arrays
         assert arrays is not None, "a SchedulerOutput from Scheduler.schedule"

@@ -67,8 +67,10 @@ class ModelRunner:
             max_num_seqs, max_model_len, block_size, max_num_batched_tokens
         )
         if device.type != "cpu":
+            # Ids, positions, slots and (a speculative step's: one per verified token)
+            # sampled rows per token; lengths, query offsets and sampled rows per request.
             capacity = (
-                3 * max_num_batched_tokens
+                4 * max_num_batched_tokens
                 + 3 * max_num_seqs
                 + 1
                 + max_num_seqs * self.input_batch.max_blocks
@@ -263,6 +265,27 @@ class ModelRunner:
         if len(step.sample_rows) != hidden.shape[0]:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
+
+    @torch.inference_mode()
+    def run_speculative(self, output: SchedulerOutput, num_drafts: np.ndarray) -> torch.Tensor:
+        """As ``run``, but the i-th sampling item's logits come at each of its last
+        ``num_drafts[i] + 1`` positions (the draft tokens it verifies, then its next token),
+        item after item. Eager: a step of several query tokens per row replays no graph."""
+        step = self.input_batch.prepare(output)
+        self.last_step = step
+        last = step.sample_rows.astype(np.int64)
+        widths = num_drafts + 1
+        offsets = np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)
+        step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
+        ids, positions, meta, sample_rows = self._device_inputs(step)
+        with step_metadata(meta):
+            hidden = self._forward(ids, positions, meta)
+        return self.model.compute_logits(hidden[sample_rows]).float()
+
+    def rollback(self, row: int, generation: int, num_tokens: int, num_blocks: int) -> None:
+        """A request's batch row after rejected draft tokens: its known tokens and its
+        block table end where the scheduler's rollback left the sequence."""
+        self.input_batch.rollback(row, generation, num_tokens, num_blocks)
 
     def mark_pending(self, step: StepArrays, tokens: torch.Tensor) -> None:
         """``step``'s sampled tokens, on the device and not read yet: the next step takes

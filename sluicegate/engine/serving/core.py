@@ -20,6 +20,7 @@ from sluicegate.engine.options import EngineOptions, resolve_device
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
+from sluicegate.engine.runner.readback import PendingRead
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from sluicegate.engine.sample.guided import TokenBitmask
 from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
@@ -28,6 +29,8 @@ from sluicegate.engine.sample.sampler import Sampler
 from sluicegate.engine.sample.slots import BatchRows, derived_seed
 from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings, fill_text
 from sluicegate.engine.serving.request_options import RequestOptions
+from sluicegate.engine.serving.speculation import Speculator, speculable
+from sluicegate.engine.spec.config import SpeculativeConfig
 from sluicegate.engine.text.choices import Choice, RequestGroup
 from sluicegate.engine.text.prompts import prompt_ids
 from sluicegate.engine.text.reasoning import template_has_reasoning
@@ -46,6 +49,8 @@ class _Launched:
     step: StepArrays
     sampled: SampledBatch
     forked: bool
+    verdicts: PendingRead | None = None
+    """A speculative step's draft verdicts ([accepted, token] per draft token)."""
 
 
 class EngineCore:
@@ -99,6 +104,9 @@ class EngineCore:
             else options.async_scheduling
         )
         self._in_flight: _Launched | None = None
+        self.speculator: Speculator | None = None
+        if options.speculative_config is not None:
+            self.speculator = Speculator(SpeculativeConfig.parse(options.speculative_config))
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
         self.step_time_s = 0.0
@@ -237,15 +245,26 @@ class EngineCore:
         deltas: list[RequestDelta] = []
         previous, self._in_flight = self._in_flight, None
         completes = previous is not None
-        if previous is not None and self._num_guided:
+        speculator = self.speculator
+        speculates = speculator is not None and speculator.active(self.scheduler.num_running)
+        if previous is not None and (self._num_guided or speculates):
             deltas += self._complete(previous)
             previous = None
-        output = self.scheduler.schedule()
+        drafts = None
+        if speculates:
+            assert speculator is not None
+            drafts = speculator.propose(self.scheduler.running, self._speculable)
+        output = self.scheduler.schedule(drafts)
         launched = None if output.is_empty else self._launch(output)
         if previous is not None:
             deltas += self._complete(previous)
         if launched is not None:
-            if self.async_scheduling and not launched.forked and not self._num_guided:
+            if (
+                self.async_scheduling
+                and not launched.forked
+                and not self._num_guided
+                and launched.verdicts is None
+            ):
                 self._in_flight = launched
             else:
                 deltas += self._complete(launched)
@@ -255,13 +274,24 @@ class EngineCore:
             self.step_time_s += (elapsed - self.step_time_s) * (0.2 if self.step_time_s else 1)
         return deltas
 
+    def _speculable(self, seq: Sequence) -> bool:
+        request = self._requests.get(seq.request_id)
+        return request is not None and request.guide is None and speculable(seq.params)
+
     def _launch(self, output: SchedulerOutput) -> _Launched:
         """Forward and sample ``output`` on the device, and do the bookkeeping that needs
-        no sampled token; nothing here waits for the device."""
-        logits = self.runner.run(output)
+        no sampled token; nothing here waits for the device. A step verifying draft
+        tokens also queues their verdicts; its bookkeeping waits for them."""
+        sampling_items = [item for item in output.scheduled if item.samples]
+        verdicts = None
+        if self.speculator is not None and any(item.num_drafts for item in sampling_items):
+            logits, verdicts = self.speculator.verify(
+                self.runner, self.sampler.generator, output, sampling_items
+            )
+        else:
+            logits = self.runner.run(output)
         step = self.runner.last_step
         assert step is not None
-        sampling_items = [item for item in output.scheduled if item.samples]
         forked_rows: list[int] = []
         constrain = None
         # Choices to fork and grammars to apply are rare: most steps skip both passes.
@@ -278,6 +308,8 @@ class EngineCore:
                          step.sampling_positions)  # fmt: skip
         seqs = [item.seq for item in sampling_items]
         sampled = self.sampler.sample(logits, seqs, constrain, rows)
+        if verdicts is not None:
+            return _Launched(output, sampling_items, step, sampled, bool(forked_rows), verdicts)
         # The forked choices' rows come last; the runner tracks only its own rows.
         self.runner.mark_pending(step, sampled.tokens)
         self.scheduler.advance(output)
@@ -285,10 +317,18 @@ class EngineCore:
 
     def _complete(self, launched: _Launched) -> list[RequestDelta]:
         """Read a launched step's tokens (its one wait for the device), put them in place of
-        their placeholders, and turn them into deltas."""
+        their placeholders, and turn them into deltas. A verified step first keeps each
+        sequence's accepted drafts and rolls back the rest, then does its bookkeeping."""
         result = launched.sampled.read()
-        self.runner.record_sampled(launched.step, result.token_ids)
-        self.scheduler.record(launched.output, result.token_ids)
+        tokens = result.token_ids
+        if launched.verdicts is not None:
+            assert self.speculator is not None
+            tokens = self.speculator.settle(
+                self.scheduler, self.runner, launched.output, launched.verdicts, tokens
+            )
+        else:
+            self.runner.record_sampled(launched.step, tokens)
+        self.scheduler.record(launched.output, tokens)
         deltas: list[RequestDelta] = []
         for item, logprobs in zip(launched.sampling_items, result.logprobs, strict=True):
             request = self._requests.get(item.seq.request_id)
@@ -342,6 +382,16 @@ class EngineCore:
         seq = request.seq
         group = request.group
         new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens : end]
+        detokenizer = request.detokenizer
+        for count, token in enumerate(new_tokens, 1):
+            detokenizer.add_token(token)
+            if detokenizer.stopped:
+                # Accepted draft tokens past a stop string are never delivered.
+                cut = count < len(new_tokens)
+                new_tokens = new_tokens[:count]
+                break
+        else:
+            cut = False
         if new_tokens and seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
         request.delivered_tokens += len(new_tokens)
@@ -357,16 +407,13 @@ class EngineCore:
             delta.logprobs.append(logprobs)
         # Ended by this token (length, EOS, stop token). A sequence can also be finished
         # by a later step still in flight (its length reached there): not yet ours to end.
-        done = seq.is_finished and end >= seq.num_tokens
+        done = seq.is_finished and end >= seq.num_tokens and not cut
         stop = False
         for token in new_tokens:
             if not request.accept(token) and not done:
                 logger.error("%s: the grammar refused token %d", seq.request_id, token)
                 stop = True
         stop |= request.guide is not None and request.guide.terminated
-        detokenizer = request.detokenizer
-        for token in new_tokens:
-            detokenizer.add_token(token)
         stop |= detokenizer.stopped
         if stop and not done:
             if seq.is_finished:
@@ -418,4 +465,6 @@ class EngineCore:
         stats["num_generated_tokens"] = self.num_generated_tokens
         stats["thinking"] = self.reasoning
         stats["step_time_s"] = self.step_time_s
+        if self.speculator is not None:
+            stats.update(self.speculator.stats())
         return stats

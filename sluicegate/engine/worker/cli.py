@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -14,6 +15,7 @@ from redis.exceptions import RedisError
 
 from sluicegate.engine.protocol import default_served_name
 from sluicegate.engine.redis_client import async_client, pubsub_client
+from sluicegate.engine.spec.config import SpeculativeConfig
 from sluicegate.engine.worker.lifecycle import Worker
 from sluicegate.engine.worker.metrics import HealthServer, WorkerMetrics
 from sluicegate.engine.worker.options import Backoff, WorkerOptions
@@ -95,8 +97,23 @@ def build_parser() -> argparse.ArgumentParser:
         "its own, so Redis I/O and tokenizing here run in parallel with its steps (default: "
         "off; on this project's 2-core CPU machine it measured no faster, see bench/e2e.py)",
     )
+    engine.add_argument(
+        "--speculative-config",
+        type=_speculative_config,
+        help='speculative decoding as vLLM spells it, e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
+        "(default: off)",
+    )
     engine.add_argument("--log-level", default=os.environ.get("SLUICEGATE_LOG_LEVEL", "INFO"))
     return parser
+
+
+def _speculative_config(text: str) -> dict[str, Any]:
+    """The flag's JSON, checked at parse time so a typo fails before the model loads."""
+    try:
+        return dataclasses.asdict(SpeculativeConfig.parse(text))
+    except ValueError as exc:  # json.JSONDecodeError included
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,6 +131,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "model_impl",
         "tool_parser",
         "cpu_linears",
+        "speculative_config",
     )
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:

@@ -83,6 +83,7 @@ class Heartbeats:
             draining=self.draining(),
             queue_ms=queue_ms(load),
             thinking=bool(stats.get("thinking")),
+            spec_acceptance_rate=float(stats.get("spec_acceptance_rate", 0.0) or 0.0),
         )
 
 

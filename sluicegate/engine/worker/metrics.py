@@ -70,6 +70,17 @@ class WorkerMetrics:
         self.prefix_cache_hits = counter(
             "sluicegate:prefix_cache_hits", "Prefix-cache hits (as the engine counts them)."
         ).labels(model_name)
+        self.spec_draft_tokens = counter(
+            "sluicegate:spec_decode_num_draft_tokens", "Speculative draft tokens proposed."
+        ).labels(model_name)
+        self.spec_accepted_tokens = counter(
+            "sluicegate:spec_decode_num_accepted_tokens",
+            "Speculative draft tokens the model accepted.",
+        ).labels(model_name)
+        self.spec_acceptance_rate = gauge(
+            "sluicegate:spec_decode_acceptance_rate",
+            "Accepted over proposed draft tokens since the worker started (0 to 1).",
+        ).labels(model_name)
         self.prompt_tokens = counter(
             "sluicegate:prompt_tokens", "Prompt tokens of finished requests."
         ).labels(model_name)
@@ -99,10 +110,13 @@ class WorkerMetrics:
         self.num_requests_waiting.set(stats.get("num_waiting", 0))
         total = stats.get("kv_blocks_total") or 0
         self.kv_cache_usage_perc.set(stats.get("kv_blocks_used", 0) / total if total else 0.0)
+        self.spec_acceptance_rate.set(stats.get("spec_acceptance_rate", 0.0) or 0.0)
         for key, metric in (
             ("num_preemptions", self.num_preemptions),
             ("prefix_cache_queries", self.prefix_cache_queries),
             ("prefix_cache_hits", self.prefix_cache_hits),
+            ("spec_draft_tokens", self.spec_draft_tokens),
+            ("spec_accepted_tokens", self.spec_accepted_tokens),
         ):
             value = float(stats.get(key, 0) or 0)
             increase = value - self._seen.get(key, 0.0)

@@ -24,6 +24,8 @@ STEP_PATH = [
     "sluicegate/engine/runner/staging.py",
     "sluicegate/engine/core/scheduler.py",
     "sluicegate/engine/serving/core.py",
+    "sluicegate/engine/serving/speculation.py",
+    "sluicegate/engine/sample/speculative.py",
     "sluicegate/kernels/triton_paged_attention.py",
     "sluicegate/kernels/attention_launch.py",
     "sluicegate/kernels/triton_store_kv.py",

@@ -112,9 +112,9 @@ def test_blocks_are_allocated_on_demand_at_every_step(llama_dir: Path) -> None:
     schedule = scheduler.schedule
     checked = 0
 
-    def checked_schedule() -> SchedulerOutput:
+    def checked_schedule(drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
         nonlocal checked
-        output = schedule()
+        output = schedule(drafts)
         new_tokens = {item.seq.request_id: item.num_new_tokens for item in output.scheduled}
         in_use: set[int] = set()
         for seq in scheduler.running:

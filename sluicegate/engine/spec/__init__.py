@@ -1,0 +1,1 @@
+"""Speculative decoding: what proposes draft tokens (plain Python, no devices)."""
