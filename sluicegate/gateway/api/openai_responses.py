@@ -16,13 +16,12 @@ on every backend.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get
 from litestar.params import FromPath
-from litestar.response import Stream
+from litestar.types import Message, Send
 
 from sluicegate.gateway.api.inference_post import inference_post
 from sluicegate.gateway.api.openai_reply import reply
@@ -32,6 +31,7 @@ from sluicegate.gateway.canonical import Chunk
 from sluicegate.gateway.canonical import Response as Answer
 from sluicegate.gateway.db.responses import Owner
 from sluicegate.gateway.errors import OpenAIError
+from sluicegate.gateway.http.event_stream import EventStream, Relay
 from sluicegate.gateway.http.json_response import JSONBytes
 from sluicegate.gateway.schemas.responses import FunctionTool, ResponsesRequest, parse_items
 from sluicegate.gateway.schemas.wire import decode_body
@@ -121,21 +121,30 @@ class ResponsesRenderer:
         return stream.failed(str(body.get("code") or body["type"]), body["message"])
 
 
-async def _storing(
-    events: AsyncIterator[bytes],
+def _storing(
+    relay: Relay,
     renderer: ResponsesRenderer,
     store: ResponseStore,
     owner: Owner,
     items: list[dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    """A stream's events, its response stored before the last one (rendered, not yet sent)."""
-    stored = False
-    async for data in events:
-        final = renderer.final
-        if final is not None and not stored:
-            stored = True
-            await store.save(owner, final, items)
-        yield data
+) -> Relay:
+    """The stream's relay, its response stored before the body message that carries the last
+    event (rendered, not yet sent) goes out."""
+
+    async def storing_relay(send: Send) -> None:
+        stored = False
+
+        async def send_after_storing(message: Message) -> None:
+            nonlocal stored
+            final = renderer.final
+            if final is not None and not stored:
+                stored = True
+                await store.save(owner, final, items)
+            await send(message)
+
+        await relay(send_after_storing)
+
+    return storing_relay
 
 
 def _asker(request: Request[Any, Any, Any]) -> tuple[ResponseStore, Owner]:
@@ -169,9 +178,8 @@ class ResponsesController(Controller):
         if data.store is False:
             return response
         items = [*earlier, *input_items(data.input)]
-        if isinstance(response, Stream):
-            events = cast(AsyncIterator[bytes], response.iterator)
-            response.iterator = _storing(events, renderer, store, owner, items)
+        if isinstance(response, EventStream):
+            response.relay = _storing(response.relay, renderer, store, owner, items)
         elif renderer.final is not None:
             await store.save(owner, renderer.final, items)
         return response
