@@ -44,7 +44,7 @@ class QuantizedLinear(nn.Module):
                 raise UnsupportedQuantizationError(
                     f"{scheme.method}: int4 codes of {in_features} input features (odd)"
                 )
-            # The last group may be short (compressed-tensors and GPTQ round the count up).
+            # The last group may be short (GPTQ rounds the count of groups up).
             groups = -(-in_features // self.group)
             width = in_features // 2 if scheme.bits == 4 else in_features
             self.codes = _frozen((out_features, width), torch.uint8)

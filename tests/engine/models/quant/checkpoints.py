@@ -54,7 +54,10 @@ def is_linear(name: str) -> bool:
     return any(f".{linear}." in name for linear in _LINEARS)
 
 
-def _compressed_tensors(base: Path, folder: Path, preset: str) -> None:
+def compress(base: Path, folder: Path, preset: str, group_size: int | None = None) -> None:
+    """compressed-tensors' ``preset`` scheme (FP8_DYNAMIC, W4A16...) of ``base``, in bf16;
+    ``group_size`` replaces the preset's (compressed-tensors takes only groups that divide
+    every projection's inputs)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (
         QuantizationConfig,
@@ -65,6 +68,8 @@ def _compressed_tensors(base: Path, folder: Path, preset: str) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
     scheme = preset_name_to_scheme(preset, ["Linear"])
+    if group_size is not None:
+        scheme.weights.group_size = group_size
     config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"])
     apply_quantization_config(model, config, show_progress=False)
     # Min-max scales, as llmcompressor's default observer computes them from the weights.
@@ -187,7 +192,7 @@ _HAND_CONFIGS: dict[str, dict[str, object]] = {
 def make_checkpoint(base: Path, folder: Path, fmt: str) -> None:
     """``fmt`` (one of FORMATS) of the dense checkpoint ``base``, written to ``folder``."""
     if fmt in _PRESETS:
-        _compressed_tensors(base, folder, _PRESETS[fmt])
+        compress(base, folder, _PRESETS[fmt])
     else:
         _by_hand(base, folder, fmt)
     for name in TOKENIZER_FILES:
