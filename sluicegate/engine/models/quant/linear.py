@@ -76,18 +76,30 @@ class QuantizedLinear(nn.Module):
         rows = slice(start, stop)
         scales = self.scales[rows]
         if self.scheme.is_fp8:
-            expanded = scales.repeat_interleave(self.group, 1)[:, : self.in_features]
-            return self.weight[rows].float() * expanded
+            return self._grouped(self.weight[rows].float(), None, scales)
         codes = self.codes[rows]
         if self.scheme.bits == 4:
             codes = torch.stack((codes & 15, codes >> 4), dim=-1).flatten(1)
         zeros = self.zeros[rows]
         if self.scheme.act_order:
-            zeros, scales = zeros[:, self.g_idx], scales[:, self.g_idx]
-        else:
-            zeros = zeros.repeat_interleave(self.group, 1)[:, : self.in_features]
-            scales = scales.repeat_interleave(self.group, 1)[:, : self.in_features]
-        return (codes.float() - zeros.float()) * scales
+            return (codes.float() - zeros[:, self.g_idx].float()) * scales[:, self.g_idx]
+        return self._grouped(codes.float(), zeros.float(), scales)
+
+    def _grouped(
+        self, values: torch.Tensor, zeros: torch.Tensor | None, scales: torch.Tensor
+    ) -> torch.Tensor:
+        """(values - zeros) * scales, each [rows, groups] entry over its group of columns:
+        broadcast over a [rows, groups, group] view where the groups tile the row (no
+        expanded copies of the scales), else expanded and cut to the row's length."""
+        rows, columns = values.shape
+        if columns % self.group == 0:
+            values = values.view(rows, -1, self.group)
+            if zeros is not None:
+                values = values - zeros.unsqueeze(-1)
+            return (values * scales.unsqueeze(-1)).view(rows, columns)
+        if zeros is not None:
+            values = values - zeros.repeat_interleave(self.group, 1)[:, :columns]
+        return values * scales.repeat_interleave(self.group, 1)[:, :columns]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` @ the weight's transpose (``x`` as the scheme quantizes it: the caller's
