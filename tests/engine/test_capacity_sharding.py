@@ -76,7 +76,10 @@ def test_llama_31_70b_fp8_at_tp_4() -> None:
     rank_weights = (linear + rows * 2 + vocab * 2) // 4 + norms * 2
     assert plan.rank_weight_bytes == rank_weights
     assert plan.kv_bytes_per_token == 2 * 80 * 2 * 128 == 40_960
+    assert rank_weights == 18_169_430_016
     assert plan.kv_capacity_tokens == (BUDGET - rank_weights) // (40_960 * 16) * 16 == 1_314_208
+    assert plan.max_seqs_reserved == {"131072": 10, "8192": 160}
+    assert plan.max_seqs_paged == 1_314_208 // 16 // 125 == 657
 
 
 def test_int4_weights_carry_a_scale_per_group_of_128() -> None:

@@ -59,7 +59,7 @@ class QuantScheme:
             )
             weights = f"fp8 e4m3 weights, a scale per {granularity}"
         else:
-            grouping = f"groups of {self.group_size}" if self.group_size else "channel"
+            grouping = f"group of {self.group_size}" if self.group_size else "channel"
             zeros = "symmetric" if self.symmetric else "with zero points"
             weights = f"int{self.bits} weights, a scale per {grouping}, {zeros}"
             if self.act_order:
