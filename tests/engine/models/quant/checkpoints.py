@@ -214,7 +214,7 @@ def _by_hand(base: Path, folder: Path, fmt: str) -> None:
     with safe_open(str(base / "model.safetensors"), framework="pt") as dense:
         for name in dense.keys():
             tensor = dense.get_tensor(name)
-            if is_linear(name):
+            if is_linear(name) and name.endswith(".weight"):  # biases stay dense
                 prefix = name.removesuffix(".weight")
                 for leaf, value in quantize(tensor).items():
                     tensors[f"{prefix}.{leaf}"] = value.contiguous()

@@ -186,3 +186,26 @@ def test_a_group_size_that_does_not_fit_is_refused(
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(UnsupportedModelError, match="int4 codes of 129 input features"):
         load_model(folder, CPU, "float32")
+
+
+@pytest.mark.parametrize("fmt", ["ct-fp8-dynamic", "ct-w4a16", "awq", "gptq-act-order"])
+def test_qwen2_biases_and_tied_embeddings(
+    fmt: str, qwen2_quantized: Callable[[str], Path], qwen2_quant_base: Path
+) -> None:
+    """Qwen2's q/k/v biases stay dense beside the quantized q/k/v, fused in order; the tied
+    LM head is the embedding."""
+    folder = qwen2_quantized(fmt)
+    model = load_model(folder, CPU, "float32")
+    expected = reference_weights(folder)
+    linears = quantized_linears(model)
+    assert set(linears) == set(expected) and len(expected) == 14
+    assert all(torch.equal(linears[name].dequantize(), w) for name, w in expected.items())
+    dense = dequantized_model(folder, qwen2_quant_base)
+    qkv = model.model.layers[1].self_attn.qkv_proj
+    attention = dense.model.layers[1].self_attn
+    biases = [attention.q_proj.bias, attention.k_proj.bias, attention.v_proj.bias]
+    assert isinstance(qkv, QuantizedProjection) and torch.equal(qkv.bias, torch.cat(biases))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    with torch.inference_mode():
+        reference = dense(torch.tensor([TOKENS])).logits[0]
+    torch.testing.assert_close(engine_logits(folder), reference, atol=ATOL, rtol=0)
