@@ -1,6 +1,8 @@
 """What a quantized checkpoint's CPU linears cost: the dequantize-per-call path of
 ``sluicegate.engine.models.quant`` (fp8 per channel; int4 in groups of 64, as the SmolLM2 test
-checkpoint) against dense float32 and bfloat16 ``F.linear`` on the same shapes.
+checkpoint), its dequantization by the C++ pass (``fp8``, ``int4``) and by torch
+(``fp8_torch``, ``int4_torch``), against dense float32 and bfloat16 ``F.linear`` on the same
+shapes.
 
 One "step" runs every projection of ``--layers`` SmolLM2-135M layers (hidden 576: qkv 960,
 o 576, gate 1536, up 1536, down 576 from 1536) on ``--rows`` activation rows in float32; the
@@ -27,6 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from sluicegate.engine.models.quant.linear import QuantizedLinear  # noqa: E402
 from sluicegate.engine.models.quant.scheme import QuantScheme  # noqa: E402
+from sluicegate.kernels import quant_dequant  # noqa: E402
 
 # (inputs, outputs) of one SmolLM2-135M layer's checkpoint linears.
 SHAPES = [(576, 576), (576, 192), (576, 192), (576, 576), (576, 1536), (576, 1536), (1536, 576)]
@@ -71,10 +74,21 @@ def main() -> None:
                     for w in dense16:
                         F.linear(x16[:, : w.shape[1]], w)
                 else:
-                    for linear in linears[kind]:
+                    for linear in linears[kind.removesuffix("_torch")]:
                         linear(x32[:, : linear.in_features])
 
-        return run
+        if not kind.endswith("_torch"):
+            return run
+
+        def torch_only() -> None:
+            compiled = quant_dequant.supports
+            quant_dequant.supports = lambda _: False  # type: ignore[assignment]
+            try:
+                run()
+            finally:
+                quant_dequant.supports = compiled  # type: ignore[assignment]
+
+        return torch_only
 
     weight_bytes = {
         "float32": sum(w.numel() * 4 for w in dense32),
@@ -88,7 +102,8 @@ def main() -> None:
     for rows in args.rows:
         x32 = torch.randn(rows, 1536)
         x16 = x32.bfloat16()
-        cases = {kind: step(kind, x32, x16) for kind in ("float32", "bfloat16", *SCHEMES)}
+        kinds = ("float32", "bfloat16", *SCHEMES, *(f"{name}_torch" for name in SCHEMES))
+        cases = {kind: step(kind, x32, x16) for kind in kinds}
         times: dict[str, list[float]] = {kind: [] for kind in cases}
         for run in cases.values():
             run()  # warm-up

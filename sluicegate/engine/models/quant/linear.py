@@ -1,7 +1,8 @@
 """Linears that keep a quantized checkpoint's weights quantized in memory (fp8 or 4/8-bit
 codes with their scales, ``repack``'s storage) and compute ``x @ dequant(W).T + bias``.
 
-The weight is dequantized per call, a block of output rows at a time, into the activations'
+The weight is dequantized per call, a block of output rows at a time (on the CPU by one C++
+pass, ``sluicegate.kernels.quant_dequant``, else by torch: the same bits), into the activations'
 dtype: memory holds the quantized weight plus one block, never the whole dense weight. An
 fp8 scheme's dynamic activation quantization is emulated (rounded to fp8 and back, as
 compressed-tensors does on a CPU), so the product is the checkpoint's, up to the GEMM's own
@@ -16,6 +17,7 @@ from torch import nn
 
 from sluicegate.engine.models.quant.repack import repack
 from sluicegate.engine.models.quant.scheme import QuantScheme, UnsupportedQuantizationError
+from sluicegate.kernels import quant_dequant
 from sluicegate.kernels.quant_reference import fake_quantize_fp8
 
 # Weights dequantized at a time: 4M float32 are 16 MiB, small beside any model that needs it.
@@ -75,9 +77,16 @@ class QuantizedLinear(nn.Module):
         """Output rows ``start:stop`` of the weight, in float32."""
         rows = slice(start, stop)
         scales = self.scales[rows]
+        compiled = quant_dequant.supports(scales) and not self.scheme.act_order
         if self.scheme.is_fp8:
+            if compiled:
+                return quant_dequant.dequantize_fp8(self.weight[rows], scales, self.group)
             return self._grouped(self.weight[rows].float(), None, scales)
         codes = self.codes[rows]
+        if compiled:
+            return quant_dequant.dequantize_int(
+                codes, self.zeros[rows], scales, self.scheme.bits, self.group, self.in_features
+            )
         if self.scheme.bits == 4:
             codes = torch.stack((codes & 15, codes >> 4), dim=-1).flatten(1)
         zeros = self.zeros[rows]

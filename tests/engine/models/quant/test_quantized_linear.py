@@ -1,6 +1,7 @@
-"""``QuantizedLinear`` on its own: groups and fp8 blocks that do not tile a row (the
-expanded path) dequantize exactly as the reference, and the forward taken a block of rows at
-a time is the product with the reference weight."""
+"""``QuantizedLinear`` on its own, through the C++ dequantization and through torch's: groups
+and fp8 blocks that do not tile a row (torch's expanded path) dequantize exactly as the
+reference, and the forward taken a block of rows at a time is the product with the
+reference weight."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from sluicegate.engine.models.quant import linear as quant_linear
 from sluicegate.engine.models.quant.linear import QuantizedLinear
 from sluicegate.engine.models.quant.scheme import QuantScheme
+from sluicegate.kernels import quant_dequant
 from sluicegate.kernels import quant_reference as ref
 
 OUT, IN = 40, 256
@@ -62,7 +64,12 @@ def _fp8_blocks(block: tuple[int, int]) -> tuple[QuantizedLinear, torch.Tensor]:
         lambda: _fp8_blocks((128, 128)),
     ],
 )
-def test_dequantize_and_blocked_forward(make, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("compiled", [True, False])
+def test_dequantize_and_blocked_forward(
+    make, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not compiled:
+        monkeypatch.setattr(quant_dequant, "supports", lambda _: False)
     layer, expected = make()
     assert torch.equal(layer.dequantize(), expected)
     assert torch.equal(layer.dequantize(7, 33), expected[7:33])

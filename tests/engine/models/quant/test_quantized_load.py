@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from sluicegate.engine.models import UnsupportedModelError, load_model
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.models.quant.linear import QuantizedLinear, QuantizedProjection
+from sluicegate.kernels import quant_dequant
 from tests.engine.models.quant.checkpoints import FORMATS, dequantized_model, reference_weights
 from tests.engine.models.test_models import native_logits
 
@@ -44,8 +45,16 @@ def quantized_linears(model: torch.nn.Module) -> dict[str, QuantizedLinear]:
     return found
 
 
+@pytest.mark.parametrize("path", ["compiled", "torch"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_dequantize_equals_reference_exactly(fmt: str, quantized: Callable[[str], Path]) -> None:
+def test_dequantize_equals_reference_exactly(
+    fmt: str, path: str, quantized: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the C++ dequantization (where the CPU kernels build) and through torch's."""
+    if path == "torch":
+        monkeypatch.setattr(quant_dequant, "supports", lambda _: False)
+    else:
+        assert quant_dequant.supports(torch.empty(0)), "the CPU kernels are built here"
     folder = quantized(fmt)
     model = load_model(folder, CPU, "float32")
     linears = quantized_linears(model)

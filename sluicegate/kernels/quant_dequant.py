@@ -1,0 +1,45 @@
+"""Quantized weight rows dequantized to float32 in one C++ pass (``csrc/quant_dequant.cpp``):
+the same arithmetic, bit for bit, as the torch code of
+``sluicegate.engine.models.quant.linear.QuantizedLinear.dequantize``, which stays the path for
+act-order checkpoints, other devices, a forward being compiled, and machines without the
+extension. ``bench/quantized_linear.py`` measures the two."""
+
+from __future__ import annotations
+
+import torch
+
+from sluicegate.kernels.cpu_build import extension
+
+__all__ = ["dequantize_fp8", "dequantize_int", "supports"]
+
+
+def supports(stored: torch.Tensor) -> bool:
+    return (
+        stored.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and extension() is not None
+    )
+
+
+def dequantize_fp8(weight: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """e4m3 ``weight`` [rows, in] times ``scales`` [rows, groups], each over ``group`` columns."""
+    kernels = extension()
+    assert kernels is not None, "check supports() first"
+    return kernels.dequantize_fp8(weight, scales.contiguous(), group)
+
+
+def dequantize_int(
+    codes: torch.Tensor,
+    zeros: torch.Tensor,
+    scales: torch.Tensor,
+    bits: int,
+    group: int,
+    columns: int,
+) -> torch.Tensor:
+    """(code - zero) * scale for ``codes`` [rows, columns] (4-bit: two a byte, the even
+    column low) with ``zeros`` and ``scales`` [rows, groups] over ``group`` columns each."""
+    kernels = extension()
+    assert kernels is not None, "check supports() first"
+    return kernels.dequantize_int(
+        codes, zeros.contiguous(), scales.contiguous(), bits, group, columns
+    )
