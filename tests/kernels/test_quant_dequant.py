@@ -38,3 +38,23 @@ def test_int_codes(bits: int) -> None:
     per_column = torch.arange(columns) // group
     expected = (codes.float() - zeros.float()[:, per_column]) * scales[:, per_column]
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+def test_products_equal_dequantize_then_gemm(tokens: int) -> None:
+    """linear_fp8 / linear_int: the float32 products of the same dequantized weights, summed in
+    another order than a GEMM's."""
+    gen = torch.Generator().manual_seed(tokens)
+    rows, columns = 70, 320
+    x = torch.randn(tokens, columns, generator=gen)
+    weight = (torch.randn(rows, columns, generator=gen) * 40).to(torch.float8_e4m3fn)
+    scales = torch.rand(rows, 3, generator=gen)  # blocks of 128 columns, the last of 64
+    expected = x @ quant_dequant.dequantize_fp8(weight, scales, 128).T
+    got = quant_dequant.linear_fp8(x, weight, scales, 128)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-3)
+    codes = torch.randint(0, 256, (rows, columns // 2), generator=gen, dtype=torch.uint8)
+    zeros = torch.randint(0, 16, (rows, 5), generator=gen, dtype=torch.uint8)
+    scales = torch.rand(rows, 5, generator=gen)
+    dense = quant_dequant.dequantize_int(codes, zeros, scales, 4, 64, columns)
+    got = quant_dequant.linear_int(x, codes, zeros, scales, 4, 64)
+    torch.testing.assert_close(got, x @ dense.T, rtol=1e-5, atol=1e-3)

@@ -1,7 +1,7 @@
 """``QuantizedLinear`` on its own, through the C++ dequantization and through torch's: groups
 and fp8 blocks that do not tile a row (torch's expanded path) dequantize exactly as the
-reference, and the forward taken a block of rows at a time is the product with the
-reference weight."""
+reference, and the forward (multiplying as it dequantizes for a few rows; taken a block of
+weight rows at a time for many) is the product with the reference weight."""
 
 from __future__ import annotations
 
@@ -73,11 +73,15 @@ def test_dequantize_and_blocked_forward(
     layer, expected = make()
     assert torch.equal(layer.dequantize(), expected)
     assert torch.equal(layer.dequantize(7, 33), expected[7:33])
-    x = torch.randn(5, IN)
-    whole = layer(x)
-    torch.testing.assert_close(whole, F.linear(x, expected), rtol=1e-5, atol=1e-5)
+    # A decode step's few rows (the CPU kernel's product, where it runs) and a prefill's.
+    for rows in (1, 5, quant_linear._FUSED_ROWS + 4):
+        x = torch.randn(rows, IN)
+        reference = F.linear(x, expected)
+        # Sums of ~1e3 in float32, in another order: an error of a few 1e-7 of the largest.
+        atol = 1e-6 * float(reference.abs().max())
+        torch.testing.assert_close(layer(x), reference, rtol=1e-5, atol=atol)
     # 3 rows' worth of weights a block: 14 blocks, the last one short.
     monkeypatch.setattr(quant_linear, "_BLOCK_ELEMENTS", 3 * IN)
-    assert torch.equal(
-        layer(x), torch.cat([F.linear(x, expected[r : r + 3]) for r in range(0, OUT, 3)], -1)
-    )
+    x = torch.randn(quant_linear._FUSED_ROWS + 4, IN)
+    blocks = [F.linear(x, expected[r : r + 3]) for r in range(0, OUT, 3)]
+    assert torch.equal(layer(x), torch.cat(blocks, -1))
