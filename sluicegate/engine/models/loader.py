@@ -100,6 +100,14 @@ def load_model(
     impl = choose_impl(raw, model_impl)
     logger.info("%s: the %s implementation (model_impl=%s)", path.name, impl, model_impl)
     if impl == "transformers":
+        quantization = raw.get("quantization_config")
+        if quantization:
+            # transformers would dequantize it whole or need GPU-only packages: not served.
+            raise UnsupportedModelError(
+                f"{path.name}: a quantized checkpoint (quant_method "
+                f"{quantization.get('quant_method')!r}) is served by the native models only "
+                f"({', '.join(ARCHITECTURES)}), not by the transformers backend"
+            )
         from sluicegate.engine.models.transformers_backend import (
             UnsupportedTransformersModelError,
             load_transformers_model,

@@ -218,3 +218,10 @@ def test_qwen2_biases_and_tied_embeddings(
     with torch.inference_mode():
         reference = dense(torch.tensor([TOKENS])).logits[0]
     torch.testing.assert_close(engine_logits(folder), reference, atol=ATOL, rtol=0)
+
+
+def test_the_transformers_backend_refuses_quantized_checkpoints(
+    quantized: Callable[[str], Path],
+) -> None:
+    with pytest.raises(UnsupportedModelError, match=r"quant_method 'awq'.*native models only"):
+        load_model(quantized("awq"), CPU, "float32", model_impl="transformers")
