@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The checkpoint tensors one quantized linear of each layout stores, beside its bias.
+# The checkpoint tensors one quantized linear of each integer layout stores, beside its bias
+# (an fp8 one: its weight and its scale, see QuantScheme.tensors).
 LAYOUT_TENSORS: dict[str, tuple[str, ...]] = {
-    "fp8": ("weight", "weight_scale"),
     "pack-quantized": ("weight_packed", "weight_scale", "weight_shape"),
     "awq": ("qweight", "qzeros", "scales"),
     "gptq": ("qweight", "qzeros", "scales", "g_idx"),
@@ -22,7 +22,7 @@ class UnsupportedQuantizationError(ValueError):
 @dataclass(frozen=True)
 class QuantScheme:
     method: str  # the config's quant_method
-    layout: str  # a key of LAYOUT_TENSORS
+    layout: str  # "fp8" or a key of LAYOUT_TENSORS
     bits: int
     # Weights per scale along the input dimension; None: one scale per output row (or tensor).
     group_size: int | None = None
