@@ -247,3 +247,17 @@ def test_half_precision_stays_close_to_float32(
     half = native_logits(folder, TOKENS, 1, dtype=dtype)
     assert (half - full).abs().max() < 0.1 * full.abs().max()
     assert torch.equal(half.argmax(-1), full.argmax(-1))
+
+
+def test_the_dense_lm_head_takes_the_cpu_linears(quantized: Callable[[str], Path]) -> None:
+    """The quantized projections are linears of their own; the dense LM head beside them is
+    the one nn.Linear the CPU linears' choice swaps."""
+    from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
+    from sluicegate.kernels import cpu_linear
+
+    if not cpu_linear.available():
+        pytest.skip("the packed CPU linear needs AVX2 and FMA")
+    model = load_model(quantized("awq"), CPU, "float32")
+    assert resolve_cpu_linears("packed", model) == "packed"
+    assert swap_cpu_linears(model, "packed") == 1
+    assert type(model.lm_head).__name__ == "PackedLinear"
