@@ -1,11 +1,14 @@
 """``sluicegate capacity``: how many sequences a GPU's KV cache holds, reserved vs paged.
 
 Reproduces the seed article's arithmetic for any decoder config (``sluicegate.engine.model_shape``);
-families without a parameter formula take their count from the folder's safetensors headers:
+families without a parameter formula take their count from the folder's safetensors headers.
+With N tensor-parallel ranks every figure is one rank's (each holds a slice of every token's
+KV, so the deployment holds what one rank holds; ``capacity_sharding`` has the split):
 
-    weights      = parameters x bytes per parameter
-    KV budget    = GPU memory x utilization - weights
-    KV per token = 2 (K and V) x layers x KV heads x head dim x bytes per element
+    weights      = parameters x bytes per parameter (quantized: projections at their width
+                   plus scales, the rest 16-bit), a rank's share of them
+    KV budget    = GPU memory x utilization - a rank's weights
+    KV per token = 2 (K and V) x layers x a rank's KV heads x head dim x bytes per element
     KV capacity  = whole blocks of ``block_size`` tokens that fit in the budget
     reserved     = capacity // reserved context length (static, per-request reservation)
     paged        = capacity // average tokens per request (blocks on demand)
@@ -23,10 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sluicegate.engine.capacity_sharding import WEIGHT_DTYPES, kv_heads_per_rank, weight_bytes
 from sluicegate.engine.model_shape import ModelShape, checkpoint_param_count
 
 __all__ = ["ModelShape", "checkpoint_param_count", "main", "parse_size", "plan_capacity"]
 
+# KV cache element widths.
 DTYPE_BYTES = {
     "float32": 4,
     "fp32": 4,
@@ -64,7 +69,10 @@ class CapacityPlan:
     reserves: tuple[int, ...]
     param_count: int
     weight_bytes: int
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # one rank's
+    tensor_parallel_size: int
+    rank_weight_bytes: int
+    kv_heads_per_rank: int
     kv_budget_bytes: int
     kv_capacity_blocks: int
 
@@ -108,6 +116,9 @@ class CapacityPlan:
             "block_size": self.block_size,
             "param_count": self.param_count,
             "weight_bytes": self.weight_bytes,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "rank_weight_bytes": self.rank_weight_bytes,
+            "kv_heads_per_rank": self.kv_heads_per_rank,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_budget_bytes": self.kv_budget_bytes,
             "kv_capacity_blocks": self.kv_capacity_blocks,
@@ -130,13 +141,15 @@ def plan_capacity(
     dtype: str = "bfloat16",
     kv_dtype: str | None = None,
     param_count: int | None = None,
+    tensor_parallel_size: int = 1,
 ) -> CapacityPlan:
-    """``param_count`` (e.g. from ``checkpoint_param_count``) is needed for model types
-    without a parameter formula; the KV side is read from any decoder config."""
-    kv_dtype = kv_dtype or dtype
-    for name in (dtype, kv_dtype):
-        if name not in DTYPE_BYTES:
-            raise ValueError(f"unknown dtype {name!r}; known: {', '.join(DTYPE_BYTES)}")
+    """``dtype``: the weights' (a float dtype or a quantized format: fp8, int8, int4);
+    ``kv_dtype`` defaults to it where it is a KV dtype, else bfloat16. ``param_count`` (e.g.
+    from ``checkpoint_param_count``) is needed for model types without a parameter formula;
+    the KV side is read from any decoder config."""
+    kv_dtype = kv_dtype or (dtype if dtype in DTYPE_BYTES else "bfloat16")
+    if kv_dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown KV dtype {kv_dtype!r}; known: {', '.join(DTYPE_BYTES)}")
     if not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1], got {utilization}")
     if min(avg_tokens, block_size, *reserves) < 1:
@@ -144,15 +157,16 @@ def plan_capacity(
     shape = ModelShape.from_config(config)
     if param_count is None:
         param_count = shape.parameter_count()
-    weight_bytes = param_count * DTYPE_BYTES[dtype]
+    weights = weight_bytes(shape, param_count, dtype, tensor_parallel_size)
+    kv_heads = kv_heads_per_rank(shape, tensor_parallel_size)
     # Rounded to whole bytes: 80 GB x 0.9 is 72e9, not 72e9 minus a float's error.
-    kv_budget = round(gpu_memory_bytes * utilization) - weight_bytes
+    kv_budget = round(gpu_memory_bytes * utilization) - weights.per_rank
     if kv_budget <= 0:
         raise ValueError(
-            f"the weights ({_gb(weight_bytes)}) leave no KV budget in "
+            f"the weights ({_gb(weights.per_rank)} a rank) leave no KV budget in "
             f"{_gb(gpu_memory_bytes)} x {utilization}"
         )
-    per_token = shape.kv_bytes_per_token(DTYPE_BYTES[kv_dtype])
+    per_token = shape.kv_bytes_per_token(DTYPE_BYTES[kv_dtype], kv_heads)
     return CapacityPlan(
         shape=shape,
         dtype=dtype,
@@ -163,8 +177,11 @@ def plan_capacity(
         avg_tokens=avg_tokens,
         reserves=reserves,
         param_count=param_count,
-        weight_bytes=weight_bytes,
+        weight_bytes=weights.total,
         kv_bytes_per_token=per_token,
+        tensor_parallel_size=tensor_parallel_size,
+        rank_weight_bytes=weights.per_rank,
+        kv_heads_per_rank=kv_heads,
         kv_budget_bytes=kv_budget,
         kv_capacity_blocks=kv_budget // (per_token * block_size),
     )
@@ -209,10 +226,21 @@ def format_plan(plan: CapacityPlan) -> str:
         f"vocab {shape.vocab_size}, {'tied' if shape.tie_word_embeddings else 'untied'} embeddings",
         f"Parameters: {plan.param_count:,} parameters",
         f"Weights: {_gb(plan.weight_bytes)} weights ({plan.dtype})",
+    ]
+    ranks = plan.tensor_parallel_size
+    rank = ""
+    if ranks > 1:
+        rank = " a rank"
+        lines.append(
+            f"Tensor parallel: {ranks} ranks, each {_gb(plan.rank_weight_bytes)} of weights and "
+            f"{plan.kv_heads_per_rank} of {shape.num_kv_heads} KV heads "
+            "(every figure below is one rank's; the deployment holds as many tokens)"
+        )
+    lines += [
         f"KV cache per token: {plan.kv_bytes_per_token:,} bytes ({_binary(plan.kv_bytes_per_token)}) "
-        f"per token ({plan.kv_dtype})",
-        f"KV budget: {_gb(plan.kv_budget_bytes)} KV budget "
-        f"({_gb(plan.gpu_memory_bytes)} x {plan.utilization:g} - {_gb(plan.weight_bytes)} weights)",
+        f"per token{rank} ({plan.kv_dtype})",
+        f"KV budget: {_gb(plan.kv_budget_bytes)} KV budget ({_gb(plan.gpu_memory_bytes)} x "
+        f"{plan.utilization:g} - {_gb(plan.rank_weight_bytes)} weights{rank})",
         f"KV capacity: {plan.kv_capacity_tokens:,} tokens "
         f"({plan.kv_capacity_blocks:,} blocks of {plan.block_size})",
         "Max concurrent sequences:",
@@ -255,8 +283,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="reserved context length per request; repeatable (default 131072 and 8192)",
     )
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
-    parser.add_argument("--kv-dtype", choices=sorted(DTYPE_BYTES), help="default: --dtype")
+    parser.add_argument(
+        "--weight-dtype",
+        "--dtype",
+        dest="dtype",
+        default="bfloat16",
+        choices=sorted(WEIGHT_DTYPES),
+        help="the weights' dtype or quantized format (fp8, int8, int4: the projections "
+        "quantized, embeddings and norms 16-bit)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        "--kv-dtype",
+        dest="kv_dtype",
+        choices=sorted(DTYPE_BYTES),
+        help="default: the weight dtype where it is one, else bfloat16",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "--tp",
+        type=int,
+        default=1,
+        help="ranks the weights and KV heads are split over; figures are per rank",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -278,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             block_size=args.block_size,
             dtype=args.dtype,
             kv_dtype=args.kv_dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
         )
     except (OSError, ValueError, KeyError) as exc:
         message = f"missing config field {exc}" if isinstance(exc, KeyError) else str(exc)

@@ -128,8 +128,25 @@ class ModelShape:
         lm_head = 0 if self.tie_word_embeddings else self.vocab_size * hidden
         return embeddings + self.num_layers * layer + hidden + lm_head
 
-    def kv_bytes_per_token(self, kv_dtype_bytes: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_dtype_bytes
+    def kv_bytes_per_token(self, kv_dtype_bytes: int, kv_heads: int | None = None) -> int:
+        """Bytes of K and V a token takes over all layers (``kv_heads``: a rank's share)."""
+        heads = self.num_kv_heads if kv_heads is None else kv_heads
+        return 2 * self.num_layers * heads * self.head_dim * kv_dtype_bytes
+
+    def linear_weights(self) -> tuple[int, int]:
+        """The decoder layers' projection weights (what a quantized checkpoint quantizes)
+        and their output rows (one scale each in a per-channel scheme), all layers."""
+        hidden = self.hidden_size
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        inter = self.intermediate_size
+        weights = hidden * (q_size + 2 * kv_size) + q_size * hidden + 3 * hidden * inter
+        rows = q_size + 2 * kv_size + hidden + 2 * inter + hidden
+        return self.num_layers * weights, self.num_layers * rows
+
+    def vocab_weights(self) -> int:
+        """The embedding and (untied) LM head matrices."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
 
 def checkpoint_param_count(path: str | Path) -> int | None:

@@ -28,6 +28,7 @@ _SOURCES = (
     "paged_prefill.cpp",
     "packed_linear.cpp",
     "layer_ops.cpp",
+    "quant_dequant.cpp",
 )
 _CSRC = Path(__file__).parent / "csrc"
 

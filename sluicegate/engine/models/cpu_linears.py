@@ -35,8 +35,10 @@ _HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _cpu_dtype(model: nn.Module) -> torch.dtype | None:
-    """The dtype of all the model's parameters where they are on the CPU and share one."""
-    params = list(model.parameters())
+    """The dtype of the model's ``nn.Linear`` parameters where they are on the CPU and share
+    one (a quantized model's projections are linears of their own, with other dtypes: only
+    its dense linears, the LM head, are swapped)."""
+    params = [p for m in model.modules() if type(m) is nn.Linear for p in m.parameters()]
     dtypes = {p.dtype for p in params}
     if not params or len(dtypes) != 1 or any(p.device.type != "cpu" for p in params):
         return None

@@ -15,6 +15,7 @@ from torch import nn
 
 from sluicegate.engine.models.config import ModelConfig
 from sluicegate.engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from sluicegate.engine.models.quant.linear import QuantizedProjection
 from sluicegate.engine.runner.attention import AttentionMetadata, PagedAttention
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -139,8 +140,14 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors in; raises if any parameter is left unset or unknown."""
+        """Copy checkpoint tensors in; raises if any parameter is left unset or unknown.
+        A quantized projection takes its checkpoint tensors itself, whatever their names."""
         params = dict(self.named_parameters())
+        quantized = {
+            name: module
+            for name, module in self.named_modules()
+            if isinstance(module, QuantizedProjection)
+        }
         loaded: set[tuple[str, int]] = set()
         for name, tensor in weights:
             if name.endswith("rotary_emb.inv_freq"):
@@ -152,6 +159,10 @@ class LlamaForCausalLM(nn.Module):
                 if f".{original}." in name:
                     target, part = name.replace(f".{original}.", f".{fused}."), index
                     break
+            module, _, leaf = target.rpartition(".")
+            if module in quantized:
+                quantized[module].load_checkpoint_tensor(part, leaf, tensor)
+                continue
             if target not in params:
                 raise ValueError(
                     f"checkpoint tensor {name!r} has no place in {type(self).__name__}"
@@ -171,9 +182,27 @@ class LlamaForCausalLM(nn.Module):
             for name in params
             if any((name, part) not in loaded for part in range(len(self._parts(name))))
             and not (name == "lm_head.weight" and self.config.tie_word_embeddings)
+            and name.rpartition(".parts.")[0] not in quantized
+            and name.rpartition(".")[0] not in quantized
+        ]
+        missing += [
+            f"{name} ({what})" for name, module in quantized.items() for what in module.unloaded()
         ]
         if missing:
             raise ValueError(f"checkpoint lacks tensors for: {missing[:8]}")
+
+    def projection_parts(self, module_name: str) -> list[tuple[str, int]]:
+        """The checkpoint linears behind one of our projections (``...qkv_proj``: its q, k
+        and v), each with its output rows, in order."""
+        parent, _, leaf = module_name.rpartition(".")
+        originals = sorted(
+            (index, original) for original, (fused, index) in self._FUSED.items() if fused == leaf
+        )
+        if not originals:
+            linear = self.get_submodule(module_name)
+            return [(module_name, linear.out_features)]
+        sizes = self._parts(f"{module_name}.weight")
+        return [(f"{parent}.{original}", sizes[index]) for index, original in originals]
 
     def _parts(self, param_name: str) -> list[int]:
         """Row sizes of the checkpoint tensors fused into ``param_name`` ([rows] if not fused)."""

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from sluicegate.engine.models.checkpoint import iter_checkpoint
+from sluicegate.engine.models.checkpoint import checkpoint_names, iter_checkpoint
 from sluicegate.engine.models.config import ModelConfig, parse_dtype
 from sluicegate.engine.models.llama import LlamaForCausalLM
+from sluicegate.engine.models.quant.apply import quantize_projections
+from sluicegate.engine.models.quant.scheme import UnsupportedQuantizationError, parse_quantization
 from sluicegate.engine.models.qwen3 import Qwen3ForCausalLM
 from sluicegate.kernels import cpu_build
 
@@ -98,6 +100,14 @@ def load_model(
     impl = choose_impl(raw, model_impl)
     logger.info("%s: the %s implementation (model_impl=%s)", path.name, impl, model_impl)
     if impl == "transformers":
+        quantization = raw.get("quantization_config")
+        if quantization:
+            # transformers would dequantize it whole or need GPU-only packages: not served.
+            raise UnsupportedModelError(
+                f"{path.name}: a quantized checkpoint (quant_method "
+                f"{quantization.get('quant_method')!r}) is served by the native models only "
+                f"({', '.join(ARCHITECTURES)}), not by the transformers backend"
+            )
         from sluicegate.engine.models.transformers_backend import (
             UnsupportedTransformersModelError,
             load_transformers_model,
@@ -114,7 +124,23 @@ def load_model(
     # Built on the meta device: no time spent on random init of weights about to be replaced.
     with torch.device("meta"):
         model = cls(config)
-    model = model.to(dtype=config.dtype).to_empty(device=device)
+    model = model.to(dtype=config.dtype)
+    try:
+        scheme = parse_quantization(raw.get("quantization_config"))
+        if scheme is not None:
+            # Swapped in after the cast, which would otherwise turn fp8 storage into bf16.
+            count = quantize_projections(
+                model, scheme, checkpoint_names(path), model.projection_parts
+            )
+            logger.info(
+                "%s: quantized checkpoint, %d projections: %s",
+                path.name,
+                count,
+                scheme.describe(),
+            )
+    except UnsupportedQuantizationError as exc:
+        raise UnsupportedModelError(f"{path.name}: {exc}") from None
+    model = model.to_empty(device=device)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.load_weights(iter_checkpoint(path))

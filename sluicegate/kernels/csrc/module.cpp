@@ -23,6 +23,15 @@ void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
               at::Tensor& v_cache, const at::Tensor& slots);
 
+at::Tensor dequantize_fp8(const at::Tensor& weight, const at::Tensor& scales, int64_t group);
+at::Tensor dequantize_int(const at::Tensor& codes, const at::Tensor& zeros,
+                          const at::Tensor& scales, int64_t bits, int64_t group,
+                          int64_t columns);
+at::Tensor linear_fp8(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
+                      int64_t group);
+at::Tensor linear_int(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& zeros,
+                      const at::Tensor& scales, int64_t bits, int64_t group, int64_t columns);
+
 // The kernels touch no Python object, so each lets go of the GIL while it runs: the worker's
 // event loop (Redis I/O, replies) goes on beside a step, as it does beside torch's own ops.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -46,4 +55,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, nogil, "silu(first half) * second half, per row");
   m.def("rotary_", &rotary_, nogil, "neox-style rotary embedding, in place");
   m.def("store_kv", &store_kv, nogil, "each token's K/V rows into its cache slot");
+  m.def("dequantize_fp8", &dequantize_fp8, nogil, "e4m3 weight rows times their scales");
+  m.def("dequantize_int", &dequantize_int, nogil,
+        "(code - zero) * scale of 4- or 8-bit weight rows, per group");
+  m.def("linear_fp8", &linear_fp8, nogil, "x @ the dequantized fp8 weight^T, row by row");
+  m.def("linear_int", &linear_int, nogil, "x @ the dequantized int weight^T, row by row");
 }

@@ -45,12 +45,12 @@ def mistral_dir(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path) -> Pa
 
 
 def native_logits(
-    folder: Path, tokens: list[int], prompt_len: int, chunk: int = 16
+    folder: Path, tokens: list[int], prompt_len: int, chunk: int = 16, dtype: str = "auto"
 ) -> torch.Tensor:
     """Logits from position ``prompt_len - 1`` on, computed through the paged cache: the
     prompt prefilled in chunks of ``chunk`` tokens (attending to the cached chunks before),
     then one decode step per further token, each fed the true next token."""
-    model = load_model(folder, CPU)
+    model = load_model(folder, CPU, dtype)
     runner = ModelRunner(
         model,
         CPU,
