@@ -20,6 +20,7 @@ and torch's from N (``SplitLinear``, at the cost of a second copy of the linears
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from functools import partial
 
@@ -96,6 +97,9 @@ def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: 
         return "torch"
     ratios = race_half(model)
     split = crossover(ratios)
+    if split is not None and not _second_copy_fits(model):
+        logger.info("no split of the CPU linears: a second copy of their weights would not fit")
+        split = None
     if split is not None:
         kind = f"split@{split}"
     else:
@@ -113,6 +117,19 @@ def _replacement(kind: str) -> Callable[..., nn.Module] | None:
     if kind.startswith("split@"):
         return partial(SplitLinear, min_rows=int(kind.removeprefix("split@")))
     return {"packed": PackedLinear, "onednn": OneDNNLinear}.get(kind)
+
+
+def _second_copy_fits(model: nn.Module) -> bool:
+    """Whether the linears' weights fit a second time in a quarter of the memory free now
+    (``split`` keeps the packed copy and the original)."""
+    weights = sum(
+        p.numel() * p.element_size()
+        for m in model.modules()
+        if type(m) is nn.Linear
+        for p in m.parameters()
+    )
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return weights <= free // 4
 
 
 def swap_cpu_linears(model: nn.Module, kind: str) -> int:
