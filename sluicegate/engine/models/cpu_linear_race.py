@@ -26,8 +26,6 @@ from sluicegate.engine.models.packed_linear import PackedLinear
 
 RACE_ROWS = (4, 32, 512)
 """Rows per product raced: a small decode batch, a larger one, a prefill chunk."""
-HALF_RACE_ROWS = (4, 16, 32, 64, 512)
-"""Rows per 16-bit product raced: finer, since there the two kernels may cross over."""
 _MAX_OUT_FEATURES = 4096
 """The raced slice's output width: a big model's layer is raced on part of its weight."""
 _REPEATS = 3
@@ -62,7 +60,7 @@ def race_half(model: nn.Module) -> dict[int, float]:
     kernels = (PackedLinear(piece), piece)
     ratios: dict[int, float] = {}
     with torch.inference_mode():
-        for rows in HALF_RACE_ROWS:
+        for rows in RACE_ROWS:
             x = torch.randn(rows, piece.in_features, dtype=dtype)
             packed, own = _best_times([partial(kernel, x) for kernel in kernels])
             ratios[rows] = packed / own
@@ -73,16 +71,6 @@ def packed_wins(ratios: dict[int, float]) -> bool:
     """The packed kernel unless it is slower over the raced sizes taken together
     (geometric mean of the ratios: each size counts alike, however long it takes)."""
     return math.exp(sum(math.log(r) for r in ratios.values()) / len(ratios)) < 1.0
-
-
-def crossover(ratios: dict[int, float]) -> int | None:
-    """The fewest raced rows from which torch's own linear is faster at every larger raced size
-    too, where the packed product is faster below; None where one kernel wins throughout."""
-    sizes = sorted(ratios)
-    for index, rows in enumerate(sizes):
-        if all(ratios[size] > 1.0 for size in sizes[index:]):
-            return rows if index > 0 else None
-    return None
 
 
 def describe(ratios: dict[int, float]) -> str:

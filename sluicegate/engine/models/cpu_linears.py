@@ -11,32 +11,20 @@ Bfloat16 and float16 models: the packed product keeps the weights in the model's
 the bytes of float32 to stream per step) and computes in float32; torch's own 16-bit linear
 is the other side, which is oneDNN's 16-bit GEMM where the CPU has the instructions for it
 (our ``OneDNNLinear`` would need them too, so ``onednn`` means torch's own here). ``auto``
-races the two on the model's own dtype at several row counts; where the packed product wins
-the small ones and torch's the large ones (a CPU with bf16 dot products, which oneDNN uses
-and the packed product does not), it takes both: ``split@N``, the packed product below N rows
-and torch's from N (``SplitLinear``, at the cost of a second copy of the linears' weights).
+races the two the same way, on the model's own dtype.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import nn
 
-from sluicegate.engine.models.cpu_linear_race import (
-    crossover,
-    describe,
-    packed_wins,
-    race,
-    race_half,
-)
+from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race, race_half
 from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.engine.models.onednn import OneDNNLinear
-from sluicegate.engine.models.packed_linear import PackedLinear, SplitLinear
+from sluicegate.engine.models.packed_linear import PackedLinear
 
 CPU_LINEARS = ("auto", "packed", "onednn", "torch")
 
@@ -96,14 +84,7 @@ def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: 
         logger.info("CPU linears of a %s model: torch's own (no packed product here)", name)
         return "torch"
     ratios = race_half(model)
-    split = crossover(ratios)
-    if split is not None and not _second_copy_fits(model):
-        logger.info("no split of the CPU linears: a second copy of their weights would not fit")
-        split = None
-    if split is not None:
-        kind = f"split@{split}"
-    else:
-        kind = "packed" if packed_wins(ratios) else "torch"
+    kind = "packed" if packed_wins(ratios) else "torch"
     logger.info(
         "CPU linears of a %s model raced, the packed product's time over torch's own: %s; %s",
         name,
@@ -113,38 +94,19 @@ def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: 
     return kind
 
 
-def _replacement(kind: str) -> Callable[..., nn.Module] | None:
-    if kind.startswith("split@"):
-        return partial(SplitLinear, min_rows=int(kind.removeprefix("split@")))
-    return {"packed": PackedLinear, "onednn": OneDNNLinear}.get(kind)
-
-
-def _second_copy_fits(model: nn.Module) -> bool:
-    """Whether the linears' weights fit a second time in a quarter of the memory free now
-    (``split`` keeps the packed copy and the original)."""
-    weights = sum(
-        p.numel() * p.element_size()
-        for m in model.modules()
-        if type(m) is nn.Linear
-        for p in m.parameters()
-    )
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return weights <= free // 4
-
-
 def swap_cpu_linears(model: nn.Module, kind: str) -> int:
     """Replace every ``nn.Linear`` of a loaded model in place with ``kind``'s module (from
     ``resolve_cpu_linears``); returns how many."""
-    replacement = _replacement(kind)
+    replacement = {"packed": PackedLinear, "onednn": OneDNNLinear}.get(kind)
     if replacement is None:
         return 0
     swapped = 0
-    if kind != "onednn":
+    if kind == "packed":
         # A gated MLP's SiLU x mul goes into its gate_up product (the wide product never
         # goes to memory, and one operator fewer per layer).
         for mlp in model.modules():
             if isinstance(mlp, GatedMLP) and type(mlp.gate_up_proj) is nn.Linear:
-                mlp.gate_up_proj = replacement(mlp.gate_up_proj, gated=True)
+                mlp.gate_up_proj = PackedLinear(mlp.gate_up_proj, gated=True)
                 mlp.gate_up_applies_activation = True
                 swapped += 1
     for parent in list(model.modules()):

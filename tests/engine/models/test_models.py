@@ -241,11 +241,9 @@ def test_cpu_linears_choice(llama_dir: Path) -> None:
     # A 16-bit model's auto races the packed product against torch's own 16-bit linear;
     # onednn means torch's own there (oneDNN's 16-bit GEMM where the CPU has it).
     half = load_model(llama_dir, CPU, dtype="bfloat16")
-    chosen = resolve_cpu_linears("auto", half)
-    if cpu_linear.available():
-        assert chosen in {"packed", "torch"} or chosen.startswith("split@")
-    else:
-        assert chosen == "torch"
+    assert resolve_cpu_linears("auto", half) in (
+        {"packed", "torch"} if cpu_linear.available() else {"torch"}
+    )
     assert resolve_cpu_linears("onednn", half) == "torch"
     # Other dtypes keep aten's.
     assert resolve_cpu_linears("auto", load_model(llama_dir, CPU).double()) == "torch"
@@ -274,57 +272,6 @@ def test_packed_linears_of_a_16_bit_model(llama_dir: Path, dtype: str) -> None:
         tolerance = {"bfloat16": 1.6e-2, "float16": 2e-3}[dtype]
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=tolerance)
         assert layer.mlp(x).dtype == x.dtype
-
-
-def test_a_16_bit_race_splits_only_where_the_kernels_cross() -> None:
-    from sluicegate.engine.models.cpu_linear_race import crossover
-
-    # Packed faster for few rows, torch's own from 32 rows on: split there.
-    assert crossover({4: 0.5, 16: 0.9, 32: 1.2, 64: 1.6, 512: 2.0}) == 32
-    # One kernel throughout, or no lasting crossover: no split.
-    assert crossover({4: 0.5, 16: 0.6, 32: 0.7, 64: 0.8, 512: 0.9}) is None
-    assert crossover({4: 1.5, 16: 1.6, 32: 1.7, 64: 1.8, 512: 1.9}) is None
-    assert crossover({4: 0.5, 16: 1.2, 32: 0.9, 64: 0.8, 512: 0.9}) is None
-    assert crossover({4: 0.5, 16: 1.2, 32: 0.9, 64: 1.1, 512: 1.3}) == 64
-
-
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_split_linears_give_the_linear_on_both_sides_of_the_split(
-    llama_dir: Path, dtype: str
-) -> None:
-    # Below min_rows the packed product, from min_rows torch's own 16-bit linear: both are
-    # the layer's linear (and a gated MLP's silu(gate) * up) within 16-bit rounding.
-    from sluicegate.engine.models.cpu_linears import swap_cpu_linears
-    from sluicegate.engine.models.packed_linear import SplitLinear
-    from sluicegate.kernels import cpu_linear
-
-    if not cpu_linear.available():
-        pytest.skip("the packed linears need the CPU kernels built with AVX2 and FMA")
-    model = load_model(llama_dir, CPU, dtype=dtype)
-    layer = model.model.layers[0]
-    qkv, gate_up = layer.self_attn.qkv_proj, layer.mlp.gate_up_proj
-    tolerance = {"bfloat16": 1.6e-2, "float16": 2e-3}[dtype]
-    inputs = [torch.randn(rows, qkv.in_features).to(qkv.weight.dtype) for rows in (3, 8, 40)]
-    with torch.inference_mode():
-        expected = [torch.nn.functional.linear(x.float(), qkv.weight.float()) for x in inputs]
-        gate, up = torch.nn.functional.linear(inputs[2].float(), gate_up.weight.float()).chunk(
-            2, -1
-        )
-        expected_mlp_hidden = torch.nn.functional.silu(gate) * up
-        assert swap_cpu_linears(model, "split@8") == 2 * 4 + 1
-        assert isinstance(layer.self_attn.qkv_proj, SplitLinear)
-        assert layer.mlp.gate_up_applies_activation
-        for x, want in zip(inputs, expected, strict=True):
-            out = layer.self_attn.qkv_proj(x)
-            assert out.dtype == x.dtype
-            torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=tolerance)
-        hidden = layer.mlp.gate_up_proj(inputs[2])
-        torch.testing.assert_close(
-            hidden.float(), expected_mlp_hidden, atol=2e-2, rtol=4 * tolerance
-        )
-        assert torch.equal(
-            layer.mlp.gate_up_proj(inputs[0]), layer.mlp.gate_up_proj.packed(inputs[0])
-        )
 
 
 def test_cpu_linear_race(llama_dir: Path) -> None:
