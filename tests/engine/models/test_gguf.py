@@ -16,6 +16,7 @@ from sluicegate.engine import LLM, SamplingParams
 from sluicegate.engine.demo_model import smollm2_gguf
 from sluicegate.engine.models.gguf import UnreadableGGUFError, checkpoint_folder, gguf_file
 from sluicegate.engine.protocol import default_served_name
+from tests.engine.models.greedy import transformers_greedy as hf_greedy
 
 NEW_TOKENS = 24
 QUESTIONS = [
@@ -53,16 +54,7 @@ def transformers_greedy(file: Path, prompts: list[list[int]]) -> list[list[int]]
     model = AutoModelForCausalLM.from_pretrained(
         file.parent, gguf_file=file.name, dtype=torch.float32
     ).eval()
-    model.generation_config.eos_token_id = None
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
+    return hf_greedy(model, prompts, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

@@ -9,27 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 from sluicegate.engine import LLM, SamplingParams
+from tests.engine.models.greedy import transformers_greedy
 from tests.engine.models.quant.checkpoints import FORMATS, dequantized_model
 
 PROMPTS = [[5, 17, 42, 99], [3, 250, 7, 64, 128, 11, 300, 2, 19]]
 NEW_TOKENS = 12
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
-
-
-def dense_greedy(model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
-    model.generation_config.eos_token_id = None
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -46,8 +33,8 @@ def test_greedy_generation_through_llm(
         outputs = llm.generate(PROMPTS, GREEDY)
     finally:
         llm.close()
-    assert [o.token_ids for o in outputs] == dense_greedy(
-        dequantized_model(folder, quant_base), PROMPTS
+    assert [o.token_ids for o in outputs] == transformers_greedy(
+        dequantized_model(folder, quant_base), PROMPTS, NEW_TOKENS
     )
     found = [r.getMessage() for r in caplog.records if "quantized checkpoint" in r.getMessage()]
     assert len(found) == 1

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from sluicegate.engine import LLM, SamplingParams
 from sluicegate.engine.demo_model import create_smollm2
 from sluicegate.engine.models import load_model
+from tests.engine.models.greedy import transformers_greedy
 from tests.engine.models.quant.checkpoints import compress
 
 NEW_TOKENS = 16
@@ -46,20 +47,7 @@ def _quantized(smollm2: Path, root: Path, preset: str) -> Path:
 
 def transformers_model(folder: Path) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
     return model
-
-
-def transformers_greedy(model: torch.nn.Module, prompts: list[list[int]]) -> list[list[int]]:
-    outputs = []
-    with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            out = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False
-            )
-            outputs.append(out[0, len(prompt) :].tolist())
-    return outputs
 
 
 @pytest.mark.parametrize("preset", ["FP8_DYNAMIC", "W4A16"])
@@ -75,7 +63,7 @@ def test_greedy_tokens_equal_transformers(preset: str, smollm2: Path, tmp_path: 
         llm.close()
     model = transformers_model(folder)
     for prompt, tokens, expected in zip(
-        prompts, ours, transformers_greedy(model, prompts), strict=True
+        prompts, ours, transformers_greedy(model, prompts, NEW_TOKENS), strict=True
     ):
         if tokens == expected:
             continue
