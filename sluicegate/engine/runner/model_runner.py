@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -22,6 +23,18 @@ logger = logging.getLogger(__name__)
 # KV cache size on CPU when neither num_kv_blocks nor kv_cache_memory is given (vLLM's
 # CPU default is 4 GiB; the cache is zeroed, so a smaller default starts faster).
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
+
+
+class KVMirror(Protocol):
+    """A second model whose KV cache follows the target's block for block (a speculative
+    draft model): it computes every token the target computes, and its blocks are copied
+    with the target's."""
+
+    def mirror(
+        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> None: ...
+
+    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
 
 
 class ModelRunner:
@@ -52,6 +65,7 @@ class ModelRunner:
         self._forward = model.forward
         self.last_step: StepArrays | None = None
         self._pending_tokens = torch.zeros(0, dtype=torch.int64, device=device)
+        self.mirror: KVMirror | None = None
         self.num_kv_blocks = self._plan_num_blocks(
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
         )
@@ -100,6 +114,12 @@ class ModelRunner:
                 self.input_batch.max_blocks,
             )
             self.graphs.capture()
+
+    def attach_draft(self, mirror: KVMirror) -> None:
+        """From now on every step also runs ``mirror`` on its inputs. Steps then run eagerly:
+        a captured CUDA graph would replay the target alone."""
+        self.mirror = mirror
+        self.graphs = None
 
     def _warm_up_kernels(self) -> None:
         """Every Triton attention variant this model can launch (decode, prefill, each
@@ -247,6 +267,8 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        if self.mirror is not None:
+            self.mirror.copy_blocks(src, dst)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -262,6 +284,8 @@ class ModelRunner:
         self._fill_pending(ids, step)
         with step_metadata(meta):
             hidden = self._forward(ids, positions, meta)
+        if self.mirror is not None:
+            self.mirror.mirror(ids, positions, meta)
         if len(step.sample_rows) != hidden.shape[0]:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
@@ -280,6 +304,8 @@ class ModelRunner:
         ids, positions, meta, sample_rows = self._device_inputs(step)
         with step_metadata(meta):
             hidden = self._forward(ids, positions, meta)
+        if self.mirror is not None:
+            self.mirror.mirror(ids, positions, meta)
         return self.model.compute_logits(hidden[sample_rows]).float()
 
     def rollback(self, row: int, generation: int, num_tokens: int, num_blocks: int) -> None:

@@ -31,6 +31,7 @@ from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings
 from sluicegate.engine.serving.request_options import RequestOptions
 from sluicegate.engine.serving.speculation import Speculator, speculable
 from sluicegate.engine.spec.config import SpeculativeConfig
+from sluicegate.engine.spec.draft_model import load_draft_model
 from sluicegate.engine.text.choices import Choice, RequestGroup
 from sluicegate.engine.text.prompts import prompt_ids
 from sluicegate.engine.text.reasoning import template_has_reasoning
@@ -106,7 +107,11 @@ class EngineCore:
         self._in_flight: _Launched | None = None
         self.speculator: Speculator | None = None
         if options.speculative_config is not None:
-            self.speculator = Speculator(SpeculativeConfig.parse(options.speculative_config))
+            config = SpeculativeConfig.parse(options.speculative_config)
+            draft = None
+            if config.model is not None:
+                draft = load_draft_model(config.model, self.runner, options)
+            self.speculator = Speculator(config, draft)
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
         self.step_time_s = 0.0
@@ -255,6 +260,9 @@ class EngineCore:
             assert speculator is not None
             drafts = speculator.propose(self.scheduler.running, self._speculable)
         output = self.scheduler.schedule(drafts)
+        if drafts:
+            assert speculator is not None
+            speculator.fill(output, self.sampler.generator)
         launched = None if output.is_empty else self._launch(output)
         if previous is not None:
             deltas += self._complete(previous)
