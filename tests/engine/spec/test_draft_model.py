@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from sluicegate.engine import LLM, SamplingParams
+from sluicegate.engine import LLM, AsyncEngine, SamplingParams
+from sluicegate.engine.serving.request_options import RequestOptions
 
 NEW_TOKENS = 24
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -81,6 +82,24 @@ def test_random_sampling_with_a_draft_model_keeps_its_own_draws(
     stats = llm.stats()
     assert stats["spec_draft_tokens"] > 0 and 0 < stats["spec_acceptance_rate"] <= 1
     assert stats["kv_blocks_used"] == 0
+
+
+async def test_n_choices_speculate_each(
+    model_dirs: dict[str, Path], reference: list[list[int]]
+) -> None:
+    """Forked choices share the prompt's blocks, the draft's cache with the target's."""
+    spec = {"model": str(model_dirs["llama"]), "num_speculative_tokens": 3}
+    async with AsyncEngine(
+        model_dirs["llama"], num_kv_blocks=64, speculative_config=spec
+    ) as engine:
+        choices: list[list[int]] = [[], [], []]
+        async for delta in engine.add_request(
+            "n", prompt_token_ids=prompts()[1], params=GREEDY, options=RequestOptions(n=3)
+        ):
+            choices[delta.index].extend(delta.token_ids)
+        stats = engine.core.stats()  # type: ignore[union-attr]
+    assert choices == [reference[1]] * 3
+    assert stats["spec_accepted_tokens"] > 0 and stats["kv_blocks_used"] == 0
 
 
 def test_a_draft_with_another_vocabulary_is_refused(tmp_path: Path, llama_dir: Path) -> None:
