@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -17,6 +17,9 @@ from sluicegate.engine.runner.compilation import register_layers, step_metadata,
 from sluicegate.engine.runner.cuda_graphs import DecodeGraphs
 from sluicegate.engine.runner.input_batch import InputBatch, StepArrays
 from sluicegate.engine.runner.staging import PinnedStaging
+
+if TYPE_CHECKING:
+    from sluicegate.engine.runner.tensor_parallel import RankGroup
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +69,8 @@ class ModelRunner:
         self.last_step: StepArrays | None = None
         self._pending_tokens = torch.zeros(0, dtype=torch.int64, device=device)
         self.mirror: KVMirror | None = None
+        self.ranks: RankGroup | None = None
+        """Tensor parallelism, on rank 0: the other ranks, sent every step before it runs."""
         self.num_kv_blocks = self._plan_num_blocks(
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
         )
@@ -114,6 +119,20 @@ class ModelRunner:
                 self.input_batch.max_blocks,
             )
             self.graphs.capture()
+
+    def lead_ranks(self, ranks: RankGroup) -> None:
+        """As rank 0: the KV cache sized as the smallest any rank holds, and every step sent
+        to the other ranks from now on."""
+        from sluicegate.engine.runner.tensor_parallel import agree_on_blocks
+
+        self.resize_kv_cache(agree_on_blocks(self.num_kv_blocks))
+        self.ranks = ranks
+
+    def resize_kv_cache(self, num_blocks: int) -> None:
+        if num_blocks != self.num_kv_blocks:
+            logger.info("KV cache: %d blocks, as every tensor-parallel rank holds", num_blocks)
+            self.num_kv_blocks = num_blocks
+            self.kv_cache = self._allocate_kv_cache(num_blocks)
 
     def attach_draft(self, mirror: KVMirror) -> None:
         """From now on every step also runs ``mirror`` on its inputs. Steps then run eagerly:
@@ -266,6 +285,8 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        if self.ranks is not None:
+            self.ranks.send(("copy", copies))
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
         if self.mirror is not None:
             self.mirror.copy_blocks(src, dst)
@@ -282,11 +303,14 @@ class ModelRunner:
             return self.graphs.replay(step, size, self._fill_pending).float()
         ids, positions, meta, sample_rows = self._device_inputs(step)
         self._fill_pending(ids, step)
+        samples_some = len(step.sample_rows) != len(step.input_ids)
+        if self.ranks is not None:
+            self.ranks.send_step(ids, positions, meta, sample_rows if samples_some else None)
         with step_metadata(meta):
             hidden = self._forward(ids, positions, meta)
         if self.mirror is not None:
             self.mirror.mirror(ids, positions, meta)
-        if len(step.sample_rows) != hidden.shape[0]:
+        if samples_some:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
 
@@ -302,6 +326,8 @@ class ModelRunner:
         offsets = np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)
         step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
         ids, positions, meta, sample_rows = self._device_inputs(step)
+        if self.ranks is not None:
+            self.ranks.send_step(ids, positions, meta, sample_rows)
         with step_metadata(meta):
             hidden = self._forward(ids, positions, meta)
         if self.mirror is not None:

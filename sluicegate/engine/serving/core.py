@@ -16,11 +16,14 @@ from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
 from sluicegate.engine.models.gguf import checkpoint_folder
+from sluicegate.engine.models.loader import shard_plan
+from sluicegate.engine.models.parallel import TensorParallel
 from sluicegate.engine.options import EngineOptions, resolve_device
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
+from sluicegate.engine.runner.tensor_parallel import RankGroup
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from sluicegate.engine.sample.guided import TokenBitmask
 from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
@@ -61,13 +64,30 @@ class EngineCore:
         self.device = resolve_device(options.device)
         if self.device.type == "cpu" and options.num_threads:
             torch.set_num_threads(options.num_threads)
+        spec_config = None
+        if options.speculative_config is not None:
+            spec_config = SpeculativeConfig.parse(options.speculative_config)
+            if spec_config.model is not None and options.tensor_parallel_size > 1:
+                raise ValueError("draft-model speculation is not served with tensor parallelism")
         # A GGUF file is served from the Hugging Face folder it converts to (once).
         model = checkpoint_folder(model)
         self.tokenizer = Tokenizer(model)
-        self.model = load_engine_model(model, self.device, options)
+        self.ranks: RankGroup | None = None
+        tp = None
+        if options.tensor_parallel_size > 1:
+            plan = shard_plan(model, 0, options.tensor_parallel_size)  # refuses bad splits first
+            self.ranks = RankGroup(model, options)
+            tp = TensorParallel(plan)
+        try:
+            self.model = load_engine_model(model, self.device, options, tp)
+            max_model_len = context_length(self.model, options)
+            self.runner = build_runner(self.model, self.device, options, max_model_len)
+            if self.ranks is not None:
+                self.runner.lead_ranks(self.ranks)
+        except BaseException:
+            self.close()
+            raise
         config = self.model.config
-        max_model_len = context_length(self.model, options)
-        self.runner = build_runner(self.model, self.device, options, max_model_len)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_kv_blocks=self.runner.num_kv_blocks,
@@ -106,16 +126,21 @@ class EngineCore:
         )
         self._in_flight: _Launched | None = None
         self.speculator: Speculator | None = None
-        if options.speculative_config is not None:
-            config = SpeculativeConfig.parse(options.speculative_config)
+        if spec_config is not None:
             draft = None
-            if config.model is not None:
-                draft = load_draft_model(config.model, self.runner, options)
-            self.speculator = Speculator(config, draft)
+            if spec_config.model is not None:
+                draft = load_draft_model(spec_config.model, self.runner, options)
+            self.speculator = Speculator(spec_config, draft)
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
         self.step_time_s = 0.0
         """Recent step duration (EWMA, the latest weighing 0.2; 0 until a step completed)."""
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (nothing else holds resources)."""
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
 
     # -- requests ---------------------------------------------------------------------------
 
