@@ -56,7 +56,7 @@ class EngineOptions:
     # "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     # (sluicegate.engine.spec.config); None: off.
     speculative_config: dict[str, Any] | None = None
-    # Ranks the model is split over (sluicegate.engine.runner.tensor_parallel): processes on
+    # Ranks the model is split over (sluicegate.engine.parallel.ranks): processes on
     # this machine, one per GPU on CUDA; on the CPU they share its cores.
     tensor_parallel_size: int = 1
 

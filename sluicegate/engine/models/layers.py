@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sluicegate.engine.models.parallel import TensorParallel, reduce_partial_sums
+from sluicegate.engine.parallel.shard import TensorParallel, reduce_partial_sums
 from sluicegate.kernels import cpu_ops
 
 

@@ -15,13 +15,13 @@ from torch import nn
 
 from sluicegate.engine.models.config import ModelConfig
 from sluicegate.engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
-from sluicegate.engine.models.parallel import (
+from sluicegate.engine.models.quant.linear import QuantizedProjection
+from sluicegate.engine.parallel.shard import (
     TensorParallel,
     embed,
     gather_logits,
     reduce_partial_sums,
 )
-from sluicegate.engine.models.quant.linear import QuantizedProjection
 from sluicegate.engine.runner.attention import AttentionMetadata, PagedAttention
 
 CosSin = tuple[torch.Tensor, torch.Tensor]

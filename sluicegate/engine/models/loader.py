@@ -12,10 +12,10 @@ import torch
 from sluicegate.engine.models.checkpoint import checkpoint_names, iter_checkpoint
 from sluicegate.engine.models.config import ModelConfig, parse_dtype
 from sluicegate.engine.models.llama import LlamaForCausalLM
-from sluicegate.engine.models.parallel import ShardPlan, TensorParallel
 from sluicegate.engine.models.quant.apply import quantize_projections
 from sluicegate.engine.models.quant.scheme import UnsupportedQuantizationError, parse_quantization
 from sluicegate.engine.models.qwen3 import Qwen3ForCausalLM
+from sluicegate.engine.parallel.shard import ShardPlan, TensorParallel
 from sluicegate.kernels import cpu_build
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import torch
 from sluicegate.engine.models import load_model
 from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
 from sluicegate.engine.models.llama import LlamaForCausalLM
-from sluicegate.engine.models.parallel import TensorParallel
 from sluicegate.engine.options import EngineOptions
+from sluicegate.engine.parallel.shard import TensorParallel
 from sluicegate.engine.runner.model_runner import ModelRunner
 from sluicegate.kernels import cpu_ops
 

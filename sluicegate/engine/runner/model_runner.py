@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -15,29 +14,15 @@ from sluicegate.engine.runner.attention import AttentionMetadata, load_backend
 from sluicegate.engine.runner.compilation import compile_model as compile_model_forward
 from sluicegate.engine.runner.compilation import register_layers, step_metadata, warm_compiled
 from sluicegate.engine.runner.cuda_graphs import DecodeGraphs
+from sluicegate.engine.runner.hooks import KVMirror, StepFollowers
 from sluicegate.engine.runner.input_batch import InputBatch, StepArrays
 from sluicegate.engine.runner.staging import PinnedStaging
-
-if TYPE_CHECKING:
-    from sluicegate.engine.runner.tensor_parallel import RankGroup
 
 logger = logging.getLogger(__name__)
 
 # KV cache size on CPU when neither num_kv_blocks nor kv_cache_memory is given (vLLM's
 # CPU default is 4 GiB; the cache is zeroed, so a smaller default starts faster).
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
-
-
-class KVMirror(Protocol):
-    """A second model whose KV cache follows the target's block for block (a speculative
-    draft model): it computes every token the target computes, and its blocks are copied
-    with the target's."""
-
-    def mirror(
-        self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
-    ) -> None: ...
-
-    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None: ...
 
 
 class ModelRunner:
@@ -69,7 +54,7 @@ class ModelRunner:
         self.last_step: StepArrays | None = None
         self._pending_tokens = torch.zeros(0, dtype=torch.int64, device=device)
         self.mirror: KVMirror | None = None
-        self.ranks: RankGroup | None = None
+        self.ranks: StepFollowers | None = None
         """Tensor parallelism, on rank 0: the other ranks, sent every step before it runs."""
         self.num_kv_blocks = self._plan_num_blocks(
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
@@ -119,14 +104,6 @@ class ModelRunner:
                 self.input_batch.max_blocks,
             )
             self.graphs.capture()
-
-    def lead_ranks(self, ranks: RankGroup) -> None:
-        """As rank 0: the KV cache sized as the smallest any rank holds, and every step sent
-        to the other ranks from now on."""
-        from sluicegate.engine.runner.tensor_parallel import agree_on_blocks
-
-        self.resize_kv_cache(agree_on_blocks(self.num_kv_blocks))
-        self.ranks = ranks
 
     def resize_kv_cache(self, num_blocks: int) -> None:
         if num_blocks != self.num_kv_blocks:

@@ -19,7 +19,7 @@ from typing import Any
 from sluicegate.engine import protocol
 from sluicegate.engine.core.scheduler import RequestRejected
 from sluicegate.engine.options import EngineOptions
-from sluicegate.engine.runner.tensor_parallel import RankLost
+from sluicegate.engine.parallel.ranks import RankLost
 from sluicegate.engine.sample.logprobs import wire_logprobs
 from sluicegate.engine.sample.output import TokenLogprobs
 from sluicegate.engine.sample.params import SamplingParams

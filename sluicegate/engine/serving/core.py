@@ -17,13 +17,13 @@ from sluicegate.engine.core.scheduler_output import ScheduledSequence, Scheduler
 from sluicegate.engine.core.sequence import Sequence
 from sluicegate.engine.models.gguf import checkpoint_folder
 from sluicegate.engine.models.loader import shard_plan
-from sluicegate.engine.models.parallel import TensorParallel
 from sluicegate.engine.options import EngineOptions, resolve_device
+from sluicegate.engine.parallel.ranks import RankGroup, agree_on_blocks
+from sluicegate.engine.parallel.shard import TensorParallel
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
-from sluicegate.engine.runner.tensor_parallel import RankGroup
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from sluicegate.engine.sample.guided import TokenBitmask
 from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
@@ -83,7 +83,8 @@ class EngineCore:
             max_model_len = context_length(self.model, options)
             self.runner = build_runner(self.model, self.device, options, max_model_len)
             if self.ranks is not None:
-                self.runner.lead_ranks(self.ranks)
+                self.runner.resize_kv_cache(agree_on_blocks(self.runner.num_kv_blocks))
+                self.runner.ranks = self.ranks
         except BaseException:
             self.close()
             raise

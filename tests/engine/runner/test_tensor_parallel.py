@@ -21,7 +21,7 @@ import torch
 
 from sluicegate.engine import LLM, SamplingParams, protocol
 from sluicegate.engine.models.config import ModelConfig
-from sluicegate.engine.models.parallel import ShardPlan, split_evenly
+from sluicegate.engine.parallel.shard import ShardPlan, split_evenly
 from sluicegate.engine.worker import build_parser, engine_kwargs
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
@@ -165,9 +165,12 @@ async def test_a_dead_rank_fails_the_request_clearly_and_the_worker_exits(
         async with asyncio.timeout(120):
             while True:
                 for _, entries in await redis.xread({stream: last}, block=200) or []:
-                    for last, fields in entries:
+                    for entry_id, fields in entries:
+                        last = entry_id
                         message = protocol.decode(fields[protocol.MESSAGE_FIELD])
-                        batch = message.messages if isinstance(message, protocol.Batch) else [message]
+                        batch = (
+                            message.messages if isinstance(message, protocol.Batch) else [message]
+                        )
                         messages.extend(batch)
                 if any(isinstance(m, protocol.Error) or getattr(m, "finish_reason", None)
                        for m in messages):  # fmt: skip

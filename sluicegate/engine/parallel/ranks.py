@@ -2,7 +2,7 @@
 
 Rank 0 is the engine core: it schedules, samples and talks to the world. It starts ranks
 1..N-1 as processes; every rank loads its shard of the checkpoint
-(``sluicegate.engine.models.parallel``) and builds a model runner of its own, with a KV cache
+(``sluicegate.engine.parallel.shard``) and builds a model runner of its own, with a KV cache
 of its own heads, and the ranks agree on the smallest block count any of them can hold. Then
 rank 0 sends each step's inputs (token ids, positions, slots, block tables) before running
 its forward; the others run the same forward on them, meeting rank 0 at every all-reduce and
@@ -22,18 +22,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from sluicegate.engine.models.parallel import TensorParallel
 from sluicegate.engine.options import EngineOptions, resolve_device
-from sluicegate.engine.runner.attention import AttentionMetadata
+from sluicegate.engine.parallel.shard import TensorParallel
+from sluicegate.engine.runner.attention import AttentionBackend, AttentionMetadata
 from sluicegate.engine.runner.compilation import step_metadata
-
-if TYPE_CHECKING:
-    from sluicegate.engine.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +211,7 @@ def follow(rank: int, size: int, port: int, model: str, options: EngineOptions) 
         loaded = load_engine_model(model, device, options, tp)
         runner = build_runner(loaded, device, options, context_length(loaded, options))
         runner.resize_kv_cache(agree_on_blocks(runner.num_kv_blocks))
+        forward = runner.model
         while True:
             command: list[Any] = [None]
             dist.broadcast_object_list(command, src=0)
@@ -221,7 +219,7 @@ def follow(rank: int, size: int, port: int, model: str, options: EngineOptions) 
             if kind == "stop":
                 break
             if kind == "step":
-                follow_step(runner, args[0])
+                follow_step(forward, runner.backend, device, args[0])
             elif kind == "copy":
                 runner.copy_blocks(args[0])
             else:
@@ -231,11 +229,13 @@ def follow(rank: int, size: int, port: int, model: str, options: EngineOptions) 
 
 
 @torch.inference_mode()
-def follow_step(runner: ModelRunner, inputs: StepInputs) -> None:
-    """Rank 0's forward and logits, on this rank's shard (the logits stay with rank 0)."""
-    device = runner.device
+def follow_step(
+    model: Any, backend: AttentionBackend, device: torch.device, inputs: StepInputs
+) -> None:
+    """Rank 0's forward and logits, on this rank's shard of ``model`` (the logits stay with
+    rank 0)."""
     meta = AttentionMetadata(
-        backend=runner.backend,
+        backend=backend,
         slot_mapping=inputs.slot_mapping.to(device),
         block_tables=inputs.block_tables.to(device),
         seq_lens=inputs.seq_lens.to(device),
@@ -243,7 +243,7 @@ def follow_step(runner: ModelRunner, inputs: StepInputs) -> None:
         num_decodes=inputs.num_decodes,
     )
     with step_metadata(meta):
-        hidden = runner.model(inputs.ids.to(device), inputs.positions.to(device), meta)
+        hidden = model(inputs.ids.to(device), inputs.positions.to(device), meta)
     if inputs.sample_rows is not None:
         hidden = hidden[inputs.sample_rows.to(device)]
-    runner.model.compute_logits(hidden)
+    model.compute_logits(hidden)

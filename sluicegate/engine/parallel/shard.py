@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from sluicegate.engine.models.config import ModelConfig
+if TYPE_CHECKING:
+    # Not at run time: the models package imports this module while it initialises.
+    from sluicegate.engine.models.config import ModelConfig
 
 
 def split_evenly(total: int, parts: int, index: int) -> range:
