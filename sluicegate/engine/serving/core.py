@@ -499,6 +499,11 @@ class EngineCore:
         stats["num_generated_tokens"] = self.num_generated_tokens
         stats["thinking"] = self.reasoning
         stats["step_time_s"] = self.step_time_s
+        dtype = str(self.model.config.dtype).removeprefix("torch.")
+        stats["dtype"] = dtype
+        stats["weight_dtype"] = getattr(self.model, "weight_dtype", dtype)
+        stats["kv_cache_dtype"] = str(self.runner.kv_cache.dtype).removeprefix("torch.")
+        stats["tensor_parallel_size"] = self.options.tensor_parallel_size
         if self.speculator is not None:
             stats.update(self.speculator.stats())
         return stats
