@@ -59,6 +59,9 @@ class EngineOptions:
     # Ranks the model is split over (sluicegate.engine.parallel.ranks): processes on
     # this machine, one per GPU on CUDA; on the CPU they share its cores.
     tensor_parallel_size: int = 1
+    # "auto" (the model's dtype), or "fp8" / "fp8_e4m3" / "fp8_e5m2": a byte per cached value,
+    # twice bf16's tokens in the same memory (sluicegate.engine.runner.attention).
+    kv_cache_dtype: str = "auto"
 
 
 def resolve_device(name: str) -> torch.device:
