@@ -25,7 +25,7 @@ from sluicegate.engine.runner.build import build_runner, context_length, load_en
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
-from sluicegate.engine.sample.guided import TokenBitmask
+from sluicegate.engine.sample.guided import GrammarGuide, TokenBitmask
 from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.sampler import Sampler
@@ -310,7 +310,15 @@ class EngineCore:
 
     def _speculable(self, seq: Sequence) -> bool:
         request = self._requests.get(seq.request_id)
-        return request is not None and request.guide is None and speculable(seq.params)
+        if request is None or not speculable(seq.params):
+            return False
+        guide = request.guide
+        # The grammar checks drafts only while it governs the output from its next token.
+        return guide is None or (guide.active and guide.thinking_token is None)
+
+    def _guide(self, request_id: str) -> GrammarGuide | None:
+        request = self._requests.get(request_id)
+        return request.guide if request is not None else None
 
     def _launch(self, output: SchedulerOutput) -> _Launched:
         """Forward and sample ``output`` on the device, and do the bookkeeping that needs
@@ -320,7 +328,12 @@ class EngineCore:
         verdicts = None
         if self.speculator is not None and any(item.num_drafts for item in sampling_items):
             logits, verdicts = self.speculator.verify(
-                self.runner, self.sampler.generator, output, sampling_items
+                self.runner,
+                self.sampler.generator,
+                output,
+                sampling_items,
+                [self._guide(item.seq.request_id) for item in sampling_items],
+                self.bitmask,
             )
         else:
             logits = self.runner.run(output)
@@ -335,7 +348,11 @@ class EngineCore:
             if forked_rows:
                 rows = torch.tensor(forked_rows, device=logits.device)
                 logits = torch.cat([logits, logits.index_select(0, rows)])
-            guides = [r.guide if r is not None else None for r in requests]
+            # A speculated row was masked along its drafts already (Speculator.verify).
+            guides = [
+                r.guide if r is not None and not item.num_drafts else None
+                for r, item in zip(requests, sampling_items, strict=False)
+            ]
             if any(g is not None and g.active for g in guides):
                 constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
         rows = BatchRows(step.sampling_batch_rows, step.sampling_generations,
