@@ -39,8 +39,11 @@ class Sequence:
         eos_token_ids: Iterable[int] = (),
         arrival_time: float | None = None,
         output_token_ids: Iterable[int] = (),
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
+        self.priority = priority
+        """Lower runs first: the scheduler's order of admission and (reversed) of preemption."""
         self.token_ids: list[int] = list(prompt_token_ids)
         if not self.token_ids:
             raise ValueError(f"request {request_id!r} has an empty prompt")

@@ -196,7 +196,12 @@ class EngineCore:
             spec = self.grammar_spec(options)
             compiled_grammar = self.grammars.compile(spec) if spec is not None else None
         seq = Sequence(
-            request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
+            request_id,
+            prompt_token_ids,
+            params,
+            self.eos_token_ids,
+            output_token_ids=resumed,
+            priority=options.priority,
         )
         self.scheduler.add(seq)
         group = RequestGroup(
@@ -414,6 +419,7 @@ class EngineCore:
                     params,
                     self.eos_token_ids,
                     arrival_time=parent.arrival_time,
+                    priority=parent.priority,
                 )
                 copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
                 self._start_choice(group, child, index)
