@@ -251,6 +251,7 @@ async def admit(
         span=span,
         prefetched=prefetch,
         generation_started=generation_started,
+        adapter=route.adapter,
     )
 
 
