@@ -13,7 +13,7 @@ from .test_admin_ui import nav, shot, sign_in
 
 
 def test_a_team_admin_registers_and_deletes_its_teams_adapters(
-    page: Page, admin: Admin, screenshot_dir: Path
+    admin: Admin, page: Page, screenshot_dir: Path
 ) -> None:
     ours = admin.post("/admin/teams", {"name": "support"})
     theirs = admin.post("/admin/teams", {"name": "growth"})
@@ -57,7 +57,7 @@ def test_a_team_admin_registers_and_deletes_its_teams_adapters(
     expect(page.get_by_role("cell", name="tiny:tone")).to_have_count(0)
 
 
-def test_the_master_key_registers_a_global_adapter(page: Page, admin: Admin) -> None:
+def test_the_master_key_registers_a_global_adapter(admin: Admin, page: Page) -> None:
     admin.post("/admin/teams", {"name": "search"})
     sign_in(page, admin.headers["authorization"].removeprefix("Bearer "))
     nav(page, "Adapters").click()
