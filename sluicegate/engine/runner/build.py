@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sluicegate.engine.models import load_model
+from sluicegate.engine.lora import LoraConfig, LoraManager
+from sluicegate.engine.models import UnsupportedModelError, load_model
 from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.options import EngineOptions
@@ -24,8 +25,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def load_engine_model(model: str | Path, device: torch.device, options: EngineOptions) -> Model:
+def load_engine_model(
+    model: str | Path, device: torch.device, options: EngineOptions
+) -> tuple[Model, LoraManager | None]:
+    """The model with its linears chosen, and its LoRA slots when ``max_loras`` > 0."""
     loaded = load_model(model, device, options.dtype, options.model_impl)
+    loras = None
+    if options.lora_modules and not options.max_loras:
+        raise ValueError("--lora-modules needs --max-loras of at least 1")
+    if options.max_loras:
+        if not isinstance(loaded, LlamaForCausalLM):
+            raise UnsupportedModelError(
+                "LoRA adapters (--max-loras) are served on the native models only "
+                "(Llama, Mistral, Qwen2, Qwen3), not on the transformers backend"
+            )
+        # Before the CPU linears are swapped: the swap then runs inside the LoRA wrappers.
+        loras = LoraManager(
+            loaded, LoraConfig(options.max_loras, options.max_lora_rank, options.max_cpu_loras)
+        )
+        for name, path in (options.lora_modules or {}).items():
+            loras.load(name, path)
     # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
     compiling = options.cpu_compile and not options.enforce_eager
     if not compiling:
@@ -38,7 +57,7 @@ def load_engine_model(model: str | Path, device: torch.device, options: EngineOp
             "layer ops (RMSNorm, residual, rotary, SiLU x mul, KV write): %s",
             "C++ (csrc/layer_ops.cpp)" if fused else "torch (the CPU kernels are not built)",
         )
-    return loaded
+    return loaded, loras
 
 
 def context_length(model: Model, options: EngineOptions) -> int:
@@ -54,7 +73,11 @@ def context_length(model: Model, options: EngineOptions) -> int:
 
 
 def build_runner(
-    model: Model, device: torch.device, options: EngineOptions, max_model_len: int
+    model: Model,
+    device: torch.device,
+    options: EngineOptions,
+    max_model_len: int,
+    loras: LoraManager | None = None,
 ) -> ModelRunner:
     # The native models only: the transformers backend reads sequence lengths on the
     # host inside its forward, which neither a CUDA graph nor Dynamo can hold.
@@ -74,4 +97,5 @@ def build_runner(
         and not options.enforce_eager
         and (device.type == "cuda" or options.cpu_compile),
         cuda_graphs=compilable and not options.enforce_eager and device.type == "cuda",
+        loras=loras,
     )

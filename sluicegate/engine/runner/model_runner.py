@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from sluicegate.engine.core.block_manager import blocks_for
 from sluicegate.engine.core.scheduler_output import SchedulerOutput
+from sluicegate.engine.lora import LoraManager
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.runner.attention import AttentionMetadata, load_backend
 from sluicegate.engine.runner.compilation import compile_model as compile_model_forward
@@ -40,8 +42,10 @@ class ModelRunner:
         attention_backend: str | None = None,
         compile_model: bool = False,
         cuda_graphs: bool = False,
+        loras: LoraManager | None = None,
     ) -> None:
         self.model = model
+        self.loras = loras
         self.config = model.config
         self.device = device
         self.block_size = block_size
@@ -256,15 +260,38 @@ class ModelRunner:
         sample, in their order in ``output.scheduled``."""
         step = self.input_batch.prepare(output)
         self.last_step = step
-        if self.graphs is not None and (size := self.graphs.padded_size(step)) is not None:
+        forward = self._begin_lora(output)
+        if (
+            forward is self._forward
+            and self.graphs is not None
+            and (size := self.graphs.padded_size(step)) is not None
+        ):
             return self.graphs.replay(step, size, self._fill_pending).float()
         ids, positions, meta, sample_rows = self._device_inputs(step)
         self._fill_pending(ids, step)
-        with step_metadata(meta):
-            hidden = self._forward(ids, positions, meta)
+        try:
+            with step_metadata(meta):
+                hidden = forward(ids, positions, meta)
+        finally:
+            self._end_lora()
         if len(step.sample_rows) != hidden.shape[0]:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
+
+    def _begin_lora(self, output: SchedulerOutput) -> Callable[..., torch.Tensor]:
+        """Set the step's LoRA plan; the forward to run it: a step with adapters runs eager
+        (the compiled forward and the CUDA graphs were traced without them)."""
+        if self.loras is None:
+            return self._forward
+        scheduled = output.scheduled
+        self.loras.begin_step(
+            (item.seq.lora for item in scheduled), (item.num_new_tokens for item in scheduled)
+        )
+        return self._forward if self.loras.step.plan is None else self.model.forward
+
+    def _end_lora(self) -> None:
+        if self.loras is not None:
+            self.loras.end_step()
 
     @torch.inference_mode()
     def run_speculative(self, output: SchedulerOutput, num_drafts: np.ndarray) -> torch.Tensor:
@@ -278,8 +305,12 @@ class ModelRunner:
         offsets = np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)
         step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
         ids, positions, meta, sample_rows = self._device_inputs(step)
-        with step_metadata(meta):
-            hidden = self._forward(ids, positions, meta)
+        forward = self._begin_lora(output)
+        try:
+            with step_metadata(meta):
+                hidden = forward(ids, positions, meta)
+        finally:
+            self._end_lora()
         return self.model.compute_logits(hidden[sample_rows]).float()
 
     def rollback(self, row: int, generation: int, num_tokens: int, num_blocks: int) -> None:

@@ -15,9 +15,10 @@ from sluicegate.engine.core.config import SchedulerConfig
 from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.lora import Adapter
 from sluicegate.engine.models.gguf import checkpoint_folder
 from sluicegate.engine.options import EngineOptions, resolve_device
-from sluicegate.engine.protocol import Usage
+from sluicegate.engine.protocol import LoraAdapter, Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
@@ -63,10 +64,10 @@ class EngineCore:
         # A GGUF file is served from the Hugging Face folder it converts to (once).
         model = checkpoint_folder(model)
         self.tokenizer = Tokenizer(model)
-        self.model = load_engine_model(model, self.device, options)
+        self.model, self.loras = load_engine_model(model, self.device, options)
         config = self.model.config
         max_model_len = context_length(self.model, options)
-        self.runner = build_runner(self.model, self.device, options, max_model_len)
+        self.runner = build_runner(self.model, self.device, options, max_model_len, self.loras)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_kv_blocks=self.runner.num_kv_blocks,
@@ -76,6 +77,7 @@ class EngineCore:
                 max_num_batched_tokens=options.max_num_batched_tokens,
                 enable_prefix_caching=options.enable_prefix_caching,
                 max_waiting=options.max_waiting,
+                max_loras=options.max_loras,
             )
         )
         self.sampler = Sampler(self.device, options.seed, max_rows=options.max_num_seqs)
@@ -161,11 +163,17 @@ class EngineCore:
             raise ValueError(f"resume token ids must be in [0, {vocab})")
         if resumed and options.n > 1:
             raise ValueError("a request with n > 1 cannot be resumed")
+        adapter = self._adapter(options.lora)
         if compiled_grammar is None:
             spec = self.grammar_spec(options)
             compiled_grammar = self.grammars.compile(spec) if spec is not None else None
         seq = Sequence(
-            request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
+            request_id,
+            prompt_token_ids,
+            params,
+            self.eos_token_ids,
+            output_token_ids=resumed,
+            lora=adapter,
         )
         self.scheduler.add(seq)
         group = RequestGroup(
@@ -183,6 +191,31 @@ class EngineCore:
         if resumed:
             choice.replay(resumed)
         return seq
+
+    def _adapter(self, lora: LoraAdapter | None) -> Adapter | None:
+        """The adapter a request runs, loaded on first use; a ``LoraLoadError`` (a
+        ``ValueError``) rejects the request, never serves it from the base model."""
+        if lora is None:
+            return None
+        if self.loras is None:
+            raise ValueError(
+                f"LoRA adapter {lora.name!r} asked of an engine with LoRA off (--max-loras 0)"
+            )
+        return self.loras.acquire(lora.name, lora.path)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Load (or reload) an adapter now; raises ``ValueError`` (LoRA off, or why it cannot
+        load), leaving what was held as it was."""
+        if self.loras is None:
+            raise ValueError("LoRA is off on this engine (--max-loras 0)")
+        self.loras.load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Drop an adapter; requests running with it finish with it."""
+        if self.loras is None:
+            raise ValueError("LoRA is off on this engine (--max-loras 0)")
+        if not self.loras.unload(name):
+            raise ValueError(f"LoRA adapter {name!r} is not loaded")
 
     def _start_choice(self, group: RequestGroup, seq: Sequence, index: int) -> Choice:
         choice = Choice.start(group, seq, index, self.tokenizer, self.tool_parser)
@@ -363,6 +396,7 @@ class EngineCore:
                     params,
                     self.eos_token_ids,
                     arrival_time=parent.arrival_time,
+                    lora=parent.lora,
                 )
                 copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
                 self._start_choice(group, child, index)
@@ -467,4 +501,6 @@ class EngineCore:
         stats["step_time_s"] = self.step_time_s
         if self.speculator is not None:
             stats.update(self.speculator.stats())
+        if self.loras is not None:
+            stats.update(self.loras.stats())
         return stats
