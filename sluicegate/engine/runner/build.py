@@ -40,10 +40,11 @@ def load_engine_model(
                 "(Llama, Mistral, Qwen2, Qwen3), not on the transformers backend"
             )
         # Before the CPU linears are swapped: the swap then runs inside the LoRA wrappers.
-        loras = LoraManager(
-            loaded, LoraConfig(options.max_loras, options.max_lora_rank, options.max_cpu_loras)
-        )
-        for name, path in (options.lora_modules or {}).items():
+        modules = options.lora_modules or {}
+        # Room in host memory for every start-up adapter unless told otherwise.
+        host = options.max_cpu_loras or max(options.max_loras, len(modules))
+        loras = LoraManager(loaded, LoraConfig(options.max_loras, options.max_lora_rank, host))
+        for name, path in modules.items():
             loras.load(name, path)
     # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
     compiling = options.cpu_compile and not options.enforce_eager

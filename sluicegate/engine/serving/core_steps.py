@@ -70,6 +70,16 @@ def apply(
     return deltas, errors
 
 
+def control(core: EngineCore, name: str, path: str | None) -> dict[str, Any]:
+    """Load the LoRA adapter ``name`` from ``path`` (unload it: ``path`` None); the stats
+    after it. Raises ``ValueError`` with the reason it cannot."""
+    if path is None:
+        core.unload_lora(name)
+    else:
+        core.load_lora(name, path)
+    return core.stats()
+
+
 def abort_delta(request_id: str) -> RequestDelta:
     """The final delta of a request aborted before it reached the scheduler."""
     return RequestDelta(request_id, finish_reason="abort", usage=Usage(0, 0, 0), done=True)
