@@ -2,6 +2,6 @@
 (``docs/lora.md``)."""
 
 from sluicegate.engine.lora.adapter import Adapter, LoraLoadError
-from sluicegate.engine.lora.manager import LoraConfig, LoraManager
+from sluicegate.engine.lora.manager import LoraConfig, LoraManager, lora_manager
 
-__all__ = ["Adapter", "LoraConfig", "LoraLoadError", "LoraManager"]
+__all__ = ["Adapter", "LoraConfig", "LoraLoadError", "LoraManager", "lora_manager"]

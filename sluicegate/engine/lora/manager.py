@@ -49,6 +49,14 @@ class LoraConfig:
         return self.max_cpu_loras or self.max_loras
 
 
+def lora_manager(manager: LoraManager | None) -> LoraManager:
+    """``manager``, or the refusal of an engine with LoRA off (a request's ``invalid_request``,
+    a control command's ``ok=False``): never the base model's tokens instead."""
+    if manager is None:
+        raise LoraLoadError("LoRA is off on this engine (--max-loras 0)")
+    return manager
+
+
 class LoraManager:
     def __init__(self, model: LlamaForCausalLM, config: LoraConfig) -> None:
         self.config = config
@@ -94,17 +102,16 @@ class LoraManager:
         self._held.move_to_end(name)
         return adapter
 
-    def unload(self, name: str) -> bool:
-        """Drop ``name`` (requests running with it finish with it); whether it was held."""
+    def unload(self, name: str) -> None:
+        """Drop ``name``; requests running with it finish with it."""
         adapter = self._held.pop(name, None)
         if adapter is None:
-            return False
+            raise LoraLoadError(f"LoRA adapter {name!r} is not loaded")
         for slot, holder in enumerate(self._slots):
             if holder is adapter:
                 # Never read again (the scheduler admits no new request with it); freed
                 # now so the next adapter takes this slot before a live one's.
                 self._slot_used[slot] = 0
-        return True
 
     # -- device slots -----------------------------------------------------------------------
 

@@ -15,10 +15,10 @@ from sluicegate.engine.core.config import SchedulerConfig
 from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
-from sluicegate.engine.lora import Adapter
+from sluicegate.engine.lora import lora_manager
 from sluicegate.engine.models.gguf import checkpoint_folder
 from sluicegate.engine.options import EngineOptions, resolve_device
-from sluicegate.engine.protocol import LoraAdapter, Usage
+from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
@@ -163,7 +163,9 @@ class EngineCore:
             raise ValueError(f"resume token ids must be in [0, {vocab})")
         if resumed and options.n > 1:
             raise ValueError("a request with n > 1 cannot be resumed")
-        adapter = self._adapter(options.lora)
+        lora = options.lora
+        # Loaded on first use; one that cannot load (or LoRA off) rejects the request.
+        adapter = lora_manager(self.loras).acquire(lora.name, lora.path) if lora else None
         if compiled_grammar is None:
             spec = self.grammar_spec(options)
             compiled_grammar = self.grammars.compile(spec) if spec is not None else None
@@ -191,31 +193,6 @@ class EngineCore:
         if resumed:
             choice.replay(resumed)
         return seq
-
-    def _adapter(self, lora: LoraAdapter | None) -> Adapter | None:
-        """The adapter a request runs, loaded on first use; a ``LoraLoadError`` (a
-        ``ValueError``) rejects the request, never serves it from the base model."""
-        if lora is None:
-            return None
-        if self.loras is None:
-            raise ValueError(
-                f"LoRA adapter {lora.name!r} asked of an engine with LoRA off (--max-loras 0)"
-            )
-        return self.loras.acquire(lora.name, lora.path)
-
-    def load_lora(self, name: str, path: str) -> None:
-        """Load (or reload) an adapter now; raises ``ValueError`` (LoRA off, or why it cannot
-        load), leaving what was held as it was."""
-        if self.loras is None:
-            raise ValueError("LoRA is off on this engine (--max-loras 0)")
-        self.loras.load(name, path)
-
-    def unload_lora(self, name: str) -> None:
-        """Drop an adapter; requests running with it finish with it."""
-        if self.loras is None:
-            raise ValueError("LoRA is off on this engine (--max-loras 0)")
-        if not self.loras.unload(name):
-            raise ValueError(f"LoRA adapter {name!r} is not loaded")
 
     def _start_choice(self, group: RequestGroup, seq: Sequence, index: int) -> Choice:
         choice = Choice.start(group, seq, index, self.tokenizer, self.tool_parser)

@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from sluicegate.engine.lora import lora_manager
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.serving.core import EngineCore
@@ -73,10 +74,11 @@ def apply(
 def control(core: EngineCore, name: str, path: str | None) -> dict[str, Any]:
     """Load the LoRA adapter ``name`` from ``path`` (unload it: ``path`` None); the stats
     after it. Raises ``ValueError`` with the reason it cannot."""
+    loras = lora_manager(core.loras)
     if path is None:
-        core.unload_lora(name)
+        loras.unload(name)
     else:
-        core.load_lora(name, path)
+        loras.load(name, path)
     return core.stats()
 
 

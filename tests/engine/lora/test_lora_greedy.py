@@ -178,6 +178,6 @@ def test_no_prefix_block_is_shared_across_adapters_or_reloaded_weights(
     assert cached_after("b", folders["b"]) == 0
     assert cached_after(None, None) == 80
     # New weights under the name "a": its old blocks are never reused.
-    core.load_lora("a", str(folders["c"]))
+    core.loras.load("a", str(folders["c"]))
     assert cached_after("a", folders["a"]) == 0
     assert cached_after("a", folders["a"]) == 80

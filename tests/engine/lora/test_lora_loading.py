@@ -40,7 +40,7 @@ def edited_copy(adapter: Path, folder: Path, **config: object) -> Path:
 
 def refused(core: EngineCore, name: str, folder: Path) -> str:
     with pytest.raises(ValueError) as caught:
-        core.load_lora(name, str(folder))
+        core.loras.load(name, str(folder))
     return str(caught.value)
 
 
@@ -80,10 +80,10 @@ def test_the_engine_serves_on_after_a_refusal(
     assert not llama_core.has_unfinished()
     expected = peft_greedy(model_dirs["llama"], good_adapter, [prompt], 6)
     assert run_mixed(llama_core, [(prompt, "good", good_adapter)], 6) == expected
-    llama_core.unload_lora("good")
+    llama_core.loras.unload("good")
     assert "good" not in llama_core.stats()["loras"]
     with pytest.raises(ValueError, match="is not loaded"):
-        llama_core.unload_lora("good")
+        llama_core.loras.unload("good")
 
 
 def test_lora_off_refuses_requests_with_an_adapter(
