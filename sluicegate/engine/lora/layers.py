@@ -3,19 +3,29 @@ CPU product, oneDNN, a quantized linear) plus the LoRA deltas of the step's adap
 in ``max_loras`` device slots.
 
 Wrapped right after the weights load, before the CPU linears are chosen: the swap then
-replaces the wrapped ``nn.Linear`` inside, and a gated MLP's ``gate_up_proj`` is no longer a
-bare ``nn.Linear``, so it is not fused with its SiLU (the adapter's delta must be added to
-gate and up before the activation).
+replaces the wrapped ``nn.Linear`` inside. A gated MLP's ``gate_up_proj`` on the packed CPU
+product keeps its SiLU fused for steps without adapters (``fuse_gated_mlps``): its panels are
+packed gate/up interleaved, and a step with adapters runs the same panels unfused (gate and
+up side by side), adds the deltas to both, then applies the activation itself.
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sluicegate.engine.lora.adapter import Projection
 from sluicegate.engine.lora.ops import LoraPlan, add_lora_
+from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.engine.models.llama import LlamaForCausalLM
+from sluicegate.engine.models.packed_linear import PackedLinear
+from sluicegate.kernels import cpu_ops
+
+# Output columns per panel of the packed CPU product (csrc/packed_linear.cpp's kCols).
+_PANEL = 16
 
 # The projections LoRA is served on, by our module's last name.
 TARGETS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -57,13 +67,50 @@ class LoraLinear(nn.Module):
             torch.zeros(max_loras, self.out_features, slices, dtype=dtype, device=device),
             persistent=False,
         )
+        # Set by fuse_gated: the gate_up product unfused, its columns in panels of gate and
+        # up in turn; then base(x) returns silu(gate) * up, and so does this module.
+        self._unfused: object | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
         plan = self.step.plan
+        if self._unfused is not None and plan is not None:
+            return self._gated_with_lora(x, plan)
+        y = self.base(x)
         if plan is None:
             return y
         return add_lora_(y, x, self.lora_a, self.lora_b, plan)
+
+    def _gated_with_lora(self, x: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
+        from sluicegate.kernels import cpu_linear
+
+        interleaved = cpu_linear.linear(x, self._unfused)  # type: ignore[arg-type]
+        tokens, width = interleaved.shape
+        y = interleaved.view(tokens, width // (2 * _PANEL), 2, _PANEL).transpose(1, 2)
+        y = add_lora_(y.reshape(tokens, width), x, self.lora_a, self.lora_b, plan)
+        if cpu_ops.supports(y):
+            return cpu_ops.silu_and_mul(y)
+        gate, up = y.split(width // 2, dim=-1)
+        return F.silu(gate) * up
+
+    def fuse_gated(self) -> bool:
+        """Repack a gate_up ``PackedLinear`` base gate/up interleaved, its SiLU fused (as the
+        swap does without LoRA); whether it could (no bias, gate rows a whole number of
+        panels)."""
+        base = self.base
+        if not isinstance(base, PackedLinear) or base.packed.gated or base.packed.bias is not None:
+            return False
+        plain = base.packed
+        half_panels, remainder = divmod(plain.rows // 2, _PANEL)
+        if remainder:
+            return False
+        order = torch.arange(2 * half_panels).view(2, half_panels).t().reshape(-1)
+        unfused = copy.copy(plain)
+        unfused.panels = plain.panels.index_select(0, order)
+        fused = copy.copy(unfused)
+        fused.gated, fused.out_features = True, plain.rows // 2
+        base.packed, base.out_features = fused, fused.out_features
+        self._unfused = unfused
+        return True
 
     @torch.no_grad()
     def set_slot(self, slot: int, weights: tuple[torch.Tensor, torch.Tensor] | None) -> None:
@@ -92,6 +139,18 @@ def lora_projections(model: LlamaForCausalLM) -> dict[str, Projection]:
         for name, _ in model.named_modules()
         if name.rpartition(".")[2] in TARGETS
     }
+
+
+def fuse_gated_mlps(model: nn.Module) -> int:
+    """After the CPU linears' swap: every gated MLP whose LoRA-wrapped gate_up runs on the
+    packed product gets its SiLU fused again; returns how many."""
+    fused = 0
+    for mlp in model.modules():
+        if isinstance(mlp, GatedMLP) and isinstance(mlp.gate_up_proj, LoraLinear):
+            if mlp.gate_up_proj.fuse_gated():
+                mlp.gate_up_applies_activation = True
+                fused += 1
+    return fused
 
 
 def install_lora(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from sluicegate.engine.lora import LoraConfig, LoraManager
+from sluicegate.engine.lora.layers import fuse_gated_mlps
 from sluicegate.engine.models import UnsupportedModelError, load_model
 from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
 from sluicegate.engine.models.llama import LlamaForCausalLM
@@ -52,6 +53,8 @@ def load_engine_model(
         kind = resolve_cpu_linears(options.cpu_linears, loaded)
         if swap_cpu_linears(loaded, kind):
             logger.info("CPU linears: %s", kind)
+        if loras is not None and kind == "packed":
+            fuse_gated_mlps(loaded)
     if device.type == "cpu" and isinstance(loaded, LlamaForCausalLM):
         fused = cpu_ops.supports(torch.empty(0, dtype=loaded.config.dtype))
         logger.info(

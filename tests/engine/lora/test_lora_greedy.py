@@ -181,3 +181,25 @@ def test_no_prefix_block_is_shared_across_adapters_or_reloaded_weights(
     core.loras.load("a", str(folders["c"]))
     assert cached_after("a", folders["a"]) == 0
     assert cached_after("a", folders["a"]) == 80
+
+
+def test_on_the_packed_cpu_product_the_gated_mlp_keeps_its_fused_silu(
+    model_dirs: dict[str, Path], adapters, references
+) -> None:
+    """The packed product runs every linear: gate_up with its SiLU fused in steps without
+    adapters, unfused (the deltas added to gate and up) in steps with them."""
+    from sluicegate.engine.models.layers import GatedMLP
+
+    core = EngineCore(
+        model_dirs["llama"],
+        EngineOptions(dtype="float32", num_kv_blocks=64, max_loras=2, cpu_linears="packed"),
+    )
+    mlps = [m for m in core.model.modules() if isinstance(m, GatedMLP)]
+    assert mlps and all(m.gate_up_applies_activation for m in mlps)
+    folders = adapters["llama"]
+    requests = [(p, n, folders[n] if n else None) for p in prompts()[:4] for n in ("a", None, "c")]
+    outputs = run_mixed(core, requests, NEW_TOKENS)
+    for (prompt, name, _), tokens in zip(requests, outputs, strict=True):
+        assert tokens == references("llama", name)[prompts().index(prompt)], name
+    base_only = [(prompt, None, None) for prompt in prompts()]
+    assert run_mixed(core, base_only, NEW_TOKENS) == references("llama", None)
