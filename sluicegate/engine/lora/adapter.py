@@ -1,11 +1,11 @@
 """Reading a peft LoRA folder (``adapter_config.json`` + ``adapter_model.safetensors``) into
-the layout the engine's LoRA linears hold: per projection one ``A`` [slices x rank, in] and
-one block-diagonal ``B`` [out, slices x rank] with the adapter's scaling folded in, padded to
-``--max-lora-rank`` so that every adapter fits every slot.
+the layout the engine's LoRA linears hold: per projection one ``A`` [slices x rank, in] and one ``B``
+[out, rank] with the adapter's scaling folded in, padded to ``--max-lora-rank`` so that every
+adapter fits every slot.
 
 A fused projection (``qkv_proj``, ``gate_up_proj``) gets one slice per checkpoint linear
-(q, k, v; gate, up): slice i's rows of ``A`` are that linear's ``lora_A`` and its block of
-``B`` writes only that linear's output rows, so one product serves all three. What the
+(q, k, v; gate, up): slice i's rows of ``A`` are that linear's ``lora_A`` (one shrinking
+product serves all of them), and that linear's output rows of ``B`` its ``lora_B``. What the
 engine does not serve is refused by name: DoRA, adapters on the embeddings or the LM head,
 ``modules_to_save``, LoRA biases, per-module rank or alpha patterns, a rank above
 ``--max-lora-rank``, a module or shape the base model does not have.
@@ -60,7 +60,7 @@ class Adapter:
     digest: str
     """blake2b of the config and weights: the prefix cache's key, with the name."""
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
-    """Per projection (our module name): A [slices x max_rank, in], B [out, slices x max_rank]."""
+    """Per projection (our module name): A [slices x max_rank, in], B [out, max_rank]."""
 
     @property
     def hash_seed(self) -> int:
@@ -189,13 +189,13 @@ def _pack(
             slices = len(projection.parts) * max_rank
             packed[module] = (
                 torch.zeros(slices, projection.in_features, dtype=dtype),
-                torch.zeros(projection.out_features, slices, dtype=dtype),
+                torch.zeros(projection.out_features, max_rank, dtype=dtype),
             )
         a, b = packed[module]
         first = index * max_rank
         a[first : first + rank] = lora_a.to(dtype)
         # Scaled in float32, then rounded once to the model's dtype.
-        b[offset : offset + rows, first : first + rank] = (lora_b.float() * scale).to(dtype)
+        b[offset : offset + rows, :rank] = (lora_b.float() * scale).to(dtype)
     for part, which in tensors:
         if which == "B" and (part, "A") not in tensors:
             raise LoraLoadError(f"adapter {name!r}: {part} has lora_B but no lora_A")

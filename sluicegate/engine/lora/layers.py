@@ -55,6 +55,10 @@ class LoraLinear(nn.Module):
         self.in_features = projection.in_features
         self.out_features = projection.out_features
         self.step = step
+        self.slices: list[tuple[int, int]] = []
+        for _, rows in projection.parts:
+            first = self.slices[-1][0] + self.slices[-1][1] if self.slices else 0
+            self.slices.append((first, rows))
         slices = len(projection.parts) * max_rank
         # Buffers, not parameters: the weights' loader and the CPU linears' swap skip them.
         self.register_buffer(
@@ -64,7 +68,7 @@ class LoraLinear(nn.Module):
         )
         self.register_buffer(
             "lora_b",
-            torch.zeros(max_loras, self.out_features, slices, dtype=dtype, device=device),
+            torch.zeros(max_loras, self.out_features, max_rank, dtype=dtype, device=device),
             persistent=False,
         )
         # Set by fuse_gated: the gate_up product unfused, its columns in panels of gate and
@@ -78,7 +82,7 @@ class LoraLinear(nn.Module):
         y = self.base(x)
         if plan is None:
             return y
-        return add_lora_(y, x, self.lora_a, self.lora_b, plan)
+        return add_lora_(y, x, self.lora_a, self.lora_b, plan, self.slices)
 
     def _gated_with_lora(self, x: torch.Tensor, plan: LoraPlan) -> torch.Tensor:
         from sluicegate.kernels import cpu_linear
@@ -86,7 +90,7 @@ class LoraLinear(nn.Module):
         interleaved = cpu_linear.linear(x, self._unfused)  # type: ignore[arg-type]
         tokens, width = interleaved.shape
         y = interleaved.view(tokens, width // (2 * _PANEL), 2, _PANEL).transpose(1, 2)
-        y = add_lora_(y.reshape(tokens, width), x, self.lora_a, self.lora_b, plan)
+        y = add_lora_(y.reshape(tokens, width), x, self.lora_a, self.lora_b, plan, self.slices)
         if cpu_ops.supports(y):
             return cpu_ops.silu_and_mul(y)
         gate, up = y.split(width // 2, dim=-1)

@@ -144,10 +144,8 @@ class LoraManager:
             for slot, holder in enumerate(self._slots)
             if holder is None or id(holder) not in needed
         ]
-        if not candidates:
-            raise LoraLoadError(
-                f"a step needs more than max_loras={self.config.max_loras} adapters"
-            )
+        if not candidates:  # the scheduler admits no more: a bug, never a client's error
+            raise RuntimeError(f"a step needs more than max_loras={self.config.max_loras} adapters")
         slot = min(candidates, key=lambda s: (self._slots[s] is not None, self._slot_used[s]))
         if self._slots[slot] is not None:
             self.num_swaps += 1

@@ -1,17 +1,22 @@
 """The batched LoRA product: ``y[t] += (x[t] @ A[s]^T) @ B[s]^T`` for every token ``t`` of a
 step whose row runs adapter slot ``s`` (rows of the base model, slot -1, add nothing).
 
+A fused projection has slices (q, k, v): ``A`` stacks theirs ([slices x rank, in], one
+shrinking product for all), ``B`` holds each slice's output rows ([out, rank]), and slice i's
+rows are expanded from slice i's columns of the shrunk product.
+
 Tokens are grouped by slot once per step (``LoraPlan``, shared by every layer): each group's
 tokens are gathered into one padded [groups, longest group, in] batch, shrunk through the
-groups' ``A`` and expanded through their ``B`` by two batched matmuls, and the real rows are
-added back into the base output. The work is that of one product per token at rank
-``slices x max_rank`` whatever the number of adapters, plus the padding of the shorter
-groups; a step whose tokens all run one adapter multiplies with no gather at all. The scale
-is folded into ``B`` when an adapter loads (``sluicegate.engine.lora.adapter``).
+groups' ``A`` and expanded through their ``B`` by batched matmuls, and the real rows are
+added back into the base output. The work is that of one product per token at the adapter's
+(padded) rank whatever the number of adapters, plus the padding of the shorter groups; a step
+whose tokens all run one adapter multiplies with no gather at all. The scale is folded into
+``B`` when an adapter loads (``sluicegate.engine.lora.adapter``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,12 +69,23 @@ class LoraPlan:
 
 
 def add_lora_(
-    y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, plan: LoraPlan
+    y: torch.Tensor,
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    plan: LoraPlan,
+    slices: Sequence[tuple[int, int]],
 ) -> torch.Tensor:
     """``y`` [tokens, out] += each token's LoRA delta, in place; ``x`` [tokens, in], ``a``
-    [slots, rank, in], ``b`` [slots, out, rank], all of one dtype."""
+    [slots, slices x rank, in], ``b`` [slots, out, rank], all of one dtype; ``slices``:
+    each slice's (first output row, rows)."""
+    rank = b.shape[2]
     if plan.whole:
-        return y.add_((x @ a[plan.first_slot].t()) @ b[plan.first_slot].t())
+        shrunk = x @ a[plan.first_slot].t()
+        for index, (first, rows) in enumerate(slices):
+            expand = b[plan.first_slot, first : first + rows].t()
+            y[:, first : first + rows] += shrunk[:, index * rank : (index + 1) * rank] @ expand
+        return y
     groups = plan.slots.shape[0]
     if plan.contiguous:  # the usual case: views, no copy of the weights
         a = a.narrow(0, plan.first_slot, groups)
@@ -78,5 +94,10 @@ def add_lora_(
         a = a.index_select(0, plan.slots)
         b = b.index_select(0, plan.slots)
     shrunk = torch.bmm(x[plan.gather], a.transpose(1, 2))
-    expanded = torch.bmm(shrunk, b.transpose(1, 2)).view(-1, y.shape[1])
-    return y.index_add_(0, plan.targets, expanded.index_select(0, plan.valid))
+    for index, (first, rows) in enumerate(slices):
+        part = shrunk[:, :, index * rank : (index + 1) * rank]
+        expanded = torch.bmm(part, b[:, first : first + rows].transpose(1, 2))
+        y[:, first : first + rows].index_add_(
+            0, plan.targets, expanded.reshape(-1, rows).index_select(0, plan.valid)
+        )
+    return y

@@ -90,7 +90,7 @@ def test_lora_off_refuses_requests_with_an_adapter(
     model_dirs: dict[str, Path], good_adapter: Path
 ) -> None:
     core = EngineCore(model_dirs["llama"], EngineOptions(dtype="float32", num_kv_blocks=32))
-    with pytest.raises(ValueError, match="LoRA off"):
+    with pytest.raises(ValueError, match="LoRA is off"):
         run_mixed(core, [([5, 6, 7], "good", good_adapter)], 2)
     assert "loras" not in core.stats()
 

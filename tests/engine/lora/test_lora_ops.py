@@ -16,13 +16,22 @@ TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 4e-3}
 
 
 def reference_delta(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, token_slots: list[int]
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    token_slots: list[int],
+    slices: list[tuple[int, int]],
 ) -> torch.Tensor:
-    """Token by token, in float32: ``(x[t] @ A[s]^T) @ B[s]^T``, nothing for slot -1."""
+    """Token by token and slice by slice, in float32: ``(x[t] @ A[s, i]^T) @ B[s, rows i]^T``,
+    nothing for slot -1."""
     out = torch.zeros(x.shape[0], b.shape[1], dtype=torch.float32)
     for token, slot in enumerate(token_slots):
-        if slot >= 0:
-            out[token] = (x[token].float() @ a[slot].float().t()) @ b[slot].float().t()
+        if slot < 0:
+            continue
+        for index, (first, rows) in enumerate(slices):
+            shrink = a[slot, index * RANK : (index + 1) * RANK].float()
+            expand = b[slot, first : first + rows].float()
+            out[token, first : first + rows] = (x[token].float() @ shrink.t()) @ expand.t()
     return out
 
 
@@ -35,20 +44,27 @@ CASES = {
 }
 
 
+# One projection, or fused ones (q, k, v) whose slices' output rows follow each other.
+SLICES = {"one linear": [(0, OUT)], "fused q, k, v": [(0, 16), (16, 12), (28, 12)]}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", list(CASES))
-def test_batched_lora_equals_the_per_token_reference(dtype: torch.dtype, case: str) -> None:
-    token_slots = CASES[case]
+@pytest.mark.parametrize("layout", list(SLICES))
+def test_batched_lora_equals_the_per_token_reference(
+    dtype: torch.dtype, case: str, layout: str
+) -> None:
+    token_slots, slices = CASES[case], SLICES[layout]
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(len(token_slots), IN, generator=generator).to(dtype)
-    a = (torch.randn(SLOTS, RANK, IN, generator=generator) / IN**0.5).to(dtype)
+    a = (torch.randn(SLOTS, len(slices) * RANK, IN, generator=generator) / IN**0.5).to(dtype)
     b = torch.randn(SLOTS, OUT, RANK, generator=generator).to(dtype)
     base = torch.randn(len(token_slots), OUT, generator=generator).to(dtype)
     plan = LoraPlan.build(np.array(token_slots), torch.device("cpu"))
     assert plan is not None
-    y = add_lora_(base.clone(), x, a, b, plan)
+    y = add_lora_(base.clone(), x, a, b, plan, slices)
     assert y.dtype == dtype
-    expected = base.float() + reference_delta(x, a, b, token_slots)
+    expected = base.float() + reference_delta(x, a, b, token_slots, slices)
     scale = expected.abs().max().item()
     assert (y.float() - expected).abs().max().item() <= TOLERANCE[dtype] * scale
     untouched = [t for t, slot in enumerate(token_slots) if slot < 0]
