@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from sluicegate.engine.core.scheduler_output import ScheduledSequence
 from sluicegate.engine.lora.adapter import Adapter, LoraLoadError, load_adapter
 from sluicegate.engine.lora.layers import install_lora
 from sluicegate.engine.lora.ops import LoraPlan
@@ -115,24 +116,23 @@ class LoraManager:
 
     # -- device slots -----------------------------------------------------------------------
 
-    def begin_step(self, adapters: Iterable[Adapter | None], counts: Iterable[int]) -> None:
-        """Set the plan of the step about to run: each scheduled row's adapter (None: the
-        base model) and how many tokens it computes, in step order."""
-        rows = list(adapters)
+    def begin_step(self, scheduled: Sequence[ScheduledSequence]) -> bool:
+        """Set the plan of the step about to run (each scheduled row's adapter, None for the
+        base model, and its tokens, in step order); whether any row has an adapter. Every
+        forward of the model is preceded by this call, so a plan never outlives its step."""
+        rows = [item.seq.lora for item in scheduled]
         if all(adapter is None for adapter in rows):
             self.step.plan = None
-            return
+            return False
         self._steps += 1
         slot_of: dict[int, int] = {}
         needed = {id(a): a for a in rows if a is not None}
         for adapter in needed.values():
             slot_of[id(adapter)] = self._slot_for(adapter, needed)
         row_slots = np.array([slot_of[id(a)] if a is not None else -1 for a in rows])
-        token_slots = np.repeat(row_slots, np.fromiter(counts, dtype=np.int64))
-        self.step.plan = LoraPlan.build(token_slots, self.device)
-
-    def end_step(self) -> None:
-        self.step.plan = None
+        counts = np.array([item.num_new_tokens for item in scheduled], dtype=np.int64)
+        self.step.plan = LoraPlan.build(np.repeat(row_slots, counts), self.device)
+        return True
 
     def _slot_for(self, adapter: Adapter, needed: dict[int, Adapter]) -> int:
         for slot, holder in enumerate(self._slots):

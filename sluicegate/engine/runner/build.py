@@ -15,6 +15,7 @@ from sluicegate.engine.models import UnsupportedModelError, load_model
 from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.options import EngineOptions
+from sluicegate.engine.parallel.shard import TensorParallel
 from sluicegate.engine.runner.model_runner import ModelRunner
 from sluicegate.kernels import cpu_ops
 
@@ -27,13 +28,19 @@ logger = logging.getLogger(__name__)
 
 
 def load_engine_model(
-    model: str | Path, device: torch.device, options: EngineOptions
+    model: str | Path,
+    device: torch.device,
+    options: EngineOptions,
+    tp: TensorParallel | None = None,
 ) -> tuple[Model, LoraManager | None]:
-    """The model with its linears chosen, and its LoRA slots when ``max_loras`` > 0."""
-    loaded = load_model(model, device, options.dtype, options.model_impl)
-    loras = None
+    """The model (with ``tp``, this rank's shard) with its linears chosen, and its LoRA
+    slots when ``max_loras`` > 0."""
     if options.lora_modules and not options.max_loras:
         raise ValueError("--lora-modules needs --max-loras of at least 1")
+    if options.max_loras and options.tensor_parallel_size > 1:
+        raise ValueError("LoRA adapters (--max-loras) are not served with tensor parallelism yet")
+    loaded = load_model(model, device, options.dtype, options.model_impl, tp)
+    loras = None
     if options.max_loras:
         if not isinstance(loaded, LlamaForCausalLM):
             raise UnsupportedModelError(
@@ -84,8 +91,9 @@ def build_runner(
     loras: LoraManager | None = None,
 ) -> ModelRunner:
     # The native models only: the transformers backend reads sequence lengths on the
-    # host inside its forward, which neither a CUDA graph nor Dynamo can hold.
-    compilable = isinstance(model, LlamaForCausalLM)
+    # host inside its forward, which neither a CUDA graph nor Dynamo can hold. Nor under
+    # tensor parallelism, whose other ranks run each step eagerly, as rank 0 sends it.
+    compilable = isinstance(model, LlamaForCausalLM) and options.tensor_parallel_size == 1
     return ModelRunner(
         model,
         device,

@@ -66,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--dtype")
     engine.add_argument("--device")
     engine.add_argument("--num-threads", type=int, help="CPU threads for the model (CPU only)")
+    engine.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        help="split the model over this many ranks (processes: one per GPU on CUDA, gloo on "
+        "the CPU); default 1",
+    )
     engine.add_argument("--no-prefix-caching", action="store_true")
     engine.add_argument(
         "--model-impl",
@@ -159,6 +166,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "tool_parser",
         "cpu_linears",
         "speculative_config",
+        "tensor_parallel_size",
         "max_loras",
         "max_lora_rank",
         "max_cpu_loras",
