@@ -83,8 +83,11 @@ def add_lora_(
     if plan.whole:
         shrunk = x @ a[plan.first_slot].t()
         for index, (first, rows) in enumerate(slices):
-            expand = b[plan.first_slot, first : first + rows].t()
-            y[:, first : first + rows] += shrunk[:, index * rank : (index + 1) * rank] @ expand
+            # One fused multiply-add per slice, straight into the slice's output columns.
+            y[:, first : first + rows].addmm_(
+                shrunk[:, index * rank : (index + 1) * rank],
+                b[plan.first_slot, first : first + rows].t(),
+            )
         return y
     groups = plan.slots.shape[0]
     if plan.contiguous:  # the usual case: views, no copy of the weights
