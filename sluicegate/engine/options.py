@@ -56,6 +56,16 @@ class EngineOptions:
     # "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     # (sluicegate.engine.spec.config); None: off.
     speculative_config: dict[str, Any] | None = None
+    # Ranks the model is split over (sluicegate.engine.parallel.ranks): processes on
+    # this machine, one per GPU on CUDA; on the CPU they share its cores.
+    tensor_parallel_size: int = 1
+    # LoRA adapters (docs/lora.md): up to max_loras distinct adapters in one step (device
+    # slots; 0: LoRA off), of rank up to max_lora_rank, max_cpu_loras held in host memory
+    # (None: max_loras); lora_modules (name -> peft folder) are loaded at start-up.
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_modules: dict[str, str] | None = None
 
 
 def resolve_device(name: str) -> torch.device:

@@ -9,11 +9,13 @@ import torch
 
 from sluicegate.engine.core.block_manager import blocks_for
 from sluicegate.engine.core.scheduler_output import SchedulerOutput
+from sluicegate.engine.lora import LoraManager
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.runner.attention import AttentionMetadata, load_backend
 from sluicegate.engine.runner.compilation import compile_model as compile_model_forward
 from sluicegate.engine.runner.compilation import register_layers, step_metadata, warm_compiled
 from sluicegate.engine.runner.cuda_graphs import DecodeGraphs
+from sluicegate.engine.runner.hooks import KVMirror, StepFollowers
 from sluicegate.engine.runner.input_batch import InputBatch, StepArrays
 from sluicegate.engine.runner.staging import PinnedStaging
 
@@ -40,8 +42,10 @@ class ModelRunner:
         attention_backend: str | None = None,
         compile_model: bool = False,
         cuda_graphs: bool = False,
+        loras: LoraManager | None = None,
     ) -> None:
         self.model = model
+        self.loras = loras
         self.config = model.config
         self.device = device
         self.block_size = block_size
@@ -52,6 +56,9 @@ class ModelRunner:
         self._forward = model.forward
         self.last_step: StepArrays | None = None
         self._pending_tokens = torch.zeros(0, dtype=torch.int64, device=device)
+        self.mirror: KVMirror | None = None
+        self.ranks: StepFollowers | None = None
+        """Tensor parallelism, on rank 0: the other ranks, sent every step before it runs."""
         self.num_kv_blocks = self._plan_num_blocks(
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
         )
@@ -100,6 +107,18 @@ class ModelRunner:
                 self.input_batch.max_blocks,
             )
             self.graphs.capture()
+
+    def resize_kv_cache(self, num_blocks: int) -> None:
+        if num_blocks != self.num_kv_blocks:
+            logger.info("KV cache: %d blocks, as every tensor-parallel rank holds", num_blocks)
+            self.num_kv_blocks = num_blocks
+            self.kv_cache = self._allocate_kv_cache(num_blocks)
+
+    def attach_draft(self, mirror: KVMirror) -> None:
+        """From now on every step also runs ``mirror`` on its inputs. Steps then run eagerly:
+        a captured CUDA graph would replay the target alone."""
+        self.mirror = mirror
+        self.graphs = None
 
     def _warm_up_kernels(self) -> None:
         """Every Triton attention variant this model can launch (decode, prefill, each
@@ -246,7 +265,11 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        if self.ranks is not None:
+            self.ranks.send(("copy", copies))
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        if self.mirror is not None:
+            self.mirror.copy_blocks(src, dst)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -256,13 +279,21 @@ class ModelRunner:
         sample, in their order in ``output.scheduled``."""
         step = self.input_batch.prepare(output)
         self.last_step = step
-        if self.graphs is not None and (size := self.graphs.padded_size(step)) is not None:
-            return self.graphs.replay(step, size, self._fill_pending).float()
+        # A step with LoRA adapters runs eager: the graphs and compiled forward know none.
+        eager = self.loras is not None and self.loras.begin_step(output.scheduled)
+        graphs = None if eager else self.graphs
+        if graphs is not None and (size := graphs.padded_size(step)) is not None:
+            return graphs.replay(step, size, self._fill_pending).float()
         ids, positions, meta, sample_rows = self._device_inputs(step)
         self._fill_pending(ids, step)
+        samples_some = len(step.sample_rows) != len(step.input_ids)
+        if self.ranks is not None:
+            self.ranks.send_step(ids, positions, meta, sample_rows if samples_some else None)
         with step_metadata(meta):
-            hidden = self._forward(ids, positions, meta)
-        if len(step.sample_rows) != hidden.shape[0]:
+            hidden = (self.model.forward if eager else self._forward)(ids, positions, meta)
+        if self.mirror is not None:
+            self.mirror.mirror(ids, positions, meta)
+        if samples_some:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
 
@@ -278,8 +309,13 @@ class ModelRunner:
         offsets = np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)
         step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
         ids, positions, meta, sample_rows = self._device_inputs(step)
+        eager = self.loras is not None and self.loras.begin_step(output.scheduled)
+        if self.ranks is not None:
+            self.ranks.send_step(ids, positions, meta, sample_rows)
         with step_metadata(meta):
-            hidden = self._forward(ids, positions, meta)
+            hidden = (self.model.forward if eager else self._forward)(ids, positions, meta)
+        if self.mirror is not None:
+            self.mirror.mirror(ids, positions, meta)
         return self.model.compute_logits(hidden[sample_rows]).float()
 
     def rollback(self, row: int, generation: int, num_tokens: int, num_blocks: int) -> None:

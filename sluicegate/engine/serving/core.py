@@ -15,8 +15,12 @@ from sluicegate.engine.core.config import SchedulerConfig
 from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.lora import lora_manager
 from sluicegate.engine.models.gguf import checkpoint_folder
+from sluicegate.engine.models.loader import shard_plan
 from sluicegate.engine.options import EngineOptions, resolve_device
+from sluicegate.engine.parallel.ranks import RankGroup, agree_on_blocks
+from sluicegate.engine.parallel.shard import TensorParallel
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
@@ -31,6 +35,7 @@ from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings
 from sluicegate.engine.serving.request_options import RequestOptions
 from sluicegate.engine.serving.speculation import Speculator, speculable
 from sluicegate.engine.spec.config import SpeculativeConfig
+from sluicegate.engine.spec.draft_model import load_draft_model
 from sluicegate.engine.text.choices import Choice, RequestGroup
 from sluicegate.engine.text.prompts import prompt_ids
 from sluicegate.engine.text.reasoning import template_has_reasoning
@@ -60,13 +65,31 @@ class EngineCore:
         self.device = resolve_device(options.device)
         if self.device.type == "cpu" and options.num_threads:
             torch.set_num_threads(options.num_threads)
+        spec_config = None
+        if options.speculative_config is not None:
+            spec_config = SpeculativeConfig.parse(options.speculative_config)
+            if spec_config.model is not None and options.tensor_parallel_size > 1:
+                raise ValueError("draft-model speculation is not served with tensor parallelism")
         # A GGUF file is served from the Hugging Face folder it converts to (once).
         model = checkpoint_folder(model)
         self.tokenizer = Tokenizer(model)
-        self.model = load_engine_model(model, self.device, options)
+        self.ranks: RankGroup | None = None
+        tp = None
+        if options.tensor_parallel_size > 1:
+            plan = shard_plan(model, 0, options.tensor_parallel_size)  # refuses bad splits first
+            self.ranks = RankGroup(model, options)
+            tp = TensorParallel(plan)
+        try:
+            self.model, self.loras = load_engine_model(model, self.device, options, tp)
+            max_model_len = context_length(self.model, options)
+            self.runner = build_runner(self.model, self.device, options, max_model_len, self.loras)
+            if self.ranks is not None:
+                self.runner.resize_kv_cache(agree_on_blocks(self.runner.num_kv_blocks))
+                self.runner.ranks = self.ranks
+        except BaseException:
+            self.close()
+            raise
         config = self.model.config
-        max_model_len = context_length(self.model, options)
-        self.runner = build_runner(self.model, self.device, options, max_model_len)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_kv_blocks=self.runner.num_kv_blocks,
@@ -76,6 +99,7 @@ class EngineCore:
                 max_num_batched_tokens=options.max_num_batched_tokens,
                 enable_prefix_caching=options.enable_prefix_caching,
                 max_waiting=options.max_waiting,
+                max_loras=options.max_loras,
             )
         )
         self.sampler = Sampler(self.device, options.seed, max_rows=options.max_num_seqs)
@@ -105,12 +129,21 @@ class EngineCore:
         )
         self._in_flight: _Launched | None = None
         self.speculator: Speculator | None = None
-        if options.speculative_config is not None:
-            self.speculator = Speculator(SpeculativeConfig.parse(options.speculative_config))
+        if spec_config is not None:
+            draft = None
+            if spec_config.model is not None:
+                draft = load_draft_model(spec_config.model, self.runner, options)
+            self.speculator = Speculator(spec_config, draft)
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
         self.step_time_s = 0.0
         """Recent step duration (EWMA, the latest weighing 0.2; 0 until a step completed)."""
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (nothing else holds resources)."""
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -161,11 +194,19 @@ class EngineCore:
             raise ValueError(f"resume token ids must be in [0, {vocab})")
         if resumed and options.n > 1:
             raise ValueError("a request with n > 1 cannot be resumed")
+        lora = options.lora
+        # Loaded on first use; one that cannot load (or LoRA off) rejects the request.
+        adapter = lora_manager(self.loras).acquire(lora.name, lora.path) if lora else None
         if compiled_grammar is None:
             spec = self.grammar_spec(options)
             compiled_grammar = self.grammars.compile(spec) if spec is not None else None
         seq = Sequence(
-            request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
+            request_id,
+            prompt_token_ids,
+            params,
+            self.eos_token_ids,
+            output_token_ids=resumed,
+            lora=adapter,
         )
         self.scheduler.add(seq)
         group = RequestGroup(
@@ -255,6 +296,9 @@ class EngineCore:
             assert speculator is not None
             drafts = speculator.propose(self.scheduler.running, self._speculable)
         output = self.scheduler.schedule(drafts)
+        if drafts:
+            assert speculator is not None
+            speculator.fill(output, self.sampler.generator)
         launched = None if output.is_empty else self._launch(output)
         if previous is not None:
             deltas += self._complete(previous)
@@ -363,6 +407,7 @@ class EngineCore:
                     params,
                     self.eos_token_ids,
                     arrival_time=parent.arrival_time,
+                    lora=parent.lora,
                 )
                 copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
                 self._start_choice(group, child, index)
@@ -467,4 +512,6 @@ class EngineCore:
         stats["step_time_s"] = self.step_time_s
         if self.speculator is not None:
             stats.update(self.speculator.stats())
+        if self.loras is not None:
+            stats.update(self.loras.stats())
         return stats

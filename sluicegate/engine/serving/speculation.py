@@ -24,7 +24,12 @@ from sluicegate.engine.runner.readback import PendingRead, start_read
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.speculative import verify_drafts
 from sluicegate.engine.spec.config import SpeculativeConfig
+from sluicegate.engine.spec.draft_model import DraftModel
 from sluicegate.engine.spec.ngram import propose_ngram
+
+DRAFT_PLACEHOLDER = 0
+"""What a draft model's draft tokens read as between scheduling (which reserves their slots)
+and the draft's forward passes (which fill them in, before anything reads them)."""
 
 
 def speculable(params: SamplingParams) -> bool:
@@ -39,8 +44,12 @@ def speculable(params: SamplingParams) -> bool:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, draft: DraftModel | None = None) -> None:
+        if (config.method == "draft_model") != (draft is not None):
+            raise ValueError(f"speculative method {config.method!r} with draft model {draft!r}")
         self.config = config
+        self.draft = draft
+        self._draft_probs: torch.Tensor | None = None
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
 
@@ -51,7 +60,8 @@ class Speculator:
         self, running: SequenceOf[Sequence], eligible: Callable[[Sequence], bool]
     ) -> dict[str, list[int]]:
         """Draft tokens by request id for the running sequences in decode; never so many
-        that the request's tokens could pass ``max_tokens``."""
+        that the request's tokens could pass ``max_tokens``. A draft model's are
+        placeholders until ``fill`` (after scheduling has reserved their slots)."""
         config = self.config
         drafts: dict[str, list[int]] = {}
         for seq in running:
@@ -60,12 +70,23 @@ class Speculator:
             k = min(config.num_speculative_tokens, seq.max_tokens - seq.num_output_tokens - 1)
             if k < 1:
                 continue
+            if self.draft is not None:
+                drafts[seq.request_id] = [DRAFT_PLACEHOLDER] * k
+                continue
             tokens = propose_ngram(
                 seq.token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max
             )
             if tokens:
                 drafts[seq.request_id] = tokens
         return drafts
+
+    def fill(self, output: SchedulerOutput, generator: torch.Generator) -> None:
+        """A draft model's tokens in place of the placeholders of the items scheduled with
+        drafts, and the distributions they were drawn from (for ``verify``)."""
+        items = [item for item in output.scheduled if item.samples and item.num_drafts]
+        if self.draft is None or not items:
+            return
+        self._draft_probs = self.draft.propose(items, generator)
 
     def verify(
         self,
@@ -90,7 +111,9 @@ class Speculator:
             np.array(drafts, dtype=np.int64),
             params,
             generator,
+            self._draft_probs,
         )
+        self._draft_probs = None
         return logits[torch.from_numpy(last).to(device)], start_read(verdicts)
 
     def settle(

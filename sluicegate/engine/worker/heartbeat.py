@@ -84,6 +84,9 @@ class Heartbeats:
             queue_ms=queue_ms(load),
             thinking=bool(stats.get("thinking")),
             spec_acceptance_rate=float(stats.get("spec_acceptance_rate", 0.0) or 0.0),
+            max_loras=int(stats.get("max_loras", 0) or 0),
+            max_lora_rank=int(stats.get("max_lora_rank", 0) or 0),
+            loras=list(stats.get("loras") or []),
         )
 
 
