@@ -53,10 +53,17 @@ class Adapter:
         return f"{self.base_model}:{self.name}"
 
     def wire(self) -> LoraAdapter:
-        return LoraAdapter(self.name, self.path)
+        return LoraAdapter(served_name(self.name, self.id), self.path)
 
     def visible_to(self, team_id: str | None) -> bool:
         return self.team_id is None or self.team_id == team_id
+
+
+def served_name(name: str, adapter_id: str) -> str:
+    """The name workers hold an adapter under: one per registration, so an adapter deleted and
+    registered again under its old name (new weights, another path) is never answered from a
+    copy a worker still holds, nor from prefix-cache blocks of the old one."""
+    return f"{name}@{adapter_id.replace('-', '')[:8]}"
 
 
 def adapter_of_row(row: LoraAdapterRow, currency: str) -> Adapter:

@@ -40,7 +40,7 @@ class Workers:
     def __init__(self, redis_url: str) -> None:
         self.plain = ScriptedWorker(redis_url, BASE)
         self.lora_empty = ScriptedWorker(redis_url, BASE, max_loras=4)
-        self.lora_holding = ScriptedWorker(redis_url, BASE, max_loras=4, loras=("held",))
+        self.lora_holding = ScriptedWorker(redis_url, BASE, max_loras=4)
         self.other_model = ScriptedWorker(redis_url, NO_LORA_BASE)
         self.all = [self.plain, self.lora_empty, self.lora_holding, self.other_model]
 
@@ -166,6 +166,9 @@ def test_registration_is_scoped_to_the_team_admins_team(
     assert _ok(_call(gateway, "GET", path, teams["a_admin"]))["path"] == "/adapters/scoped-a"
     _ok(_call(gateway, "DELETE", path, teams["a_admin"]))
     assert _call(gateway, "GET", path).status_code == 404
+    again = _ok(_register(gateway, teams["a_admin"], name="scoped-a", path="/adapters/v2"), 201)
+    # Workers may still hold the deleted one: the new one is held under another name.
+    assert again["served_as"] != mine["served_as"]
 
     audit = _ok(_call(gateway, "GET", "/admin/audit?target_type=adapter"))["data"]
     actions = {(entry["action"], entry["target_id"]) for entry in audit}
@@ -226,8 +229,10 @@ def _sdk(gateway: Gateway, key: str) -> openai.OpenAI:
 def test_an_adapter_request_goes_only_to_a_lora_workers_own_stream(
     gateway: Gateway, teams: dict[str, str], workers: Workers
 ) -> None:
-    _ok(_register(gateway, name="held"), 201)
+    held_adapter = _ok(_register(gateway, name="held"), 201)
     _ok(_register(gateway, name="fresh"), 201)
+    workers.lora_holding.loras = [held_adapter["served_as"]]
+    time.sleep(1.0)  # its next heartbeat says so, and the gateway's worker cache expires
     client = _sdk(gateway, teams["a_member"])
     redis_url = gateway[1].redis_url
     question = [{"role": "user", "content": f"which adapter? {uuid.uuid4().hex}"}]
@@ -237,7 +242,8 @@ def test_an_adapter_request_goes_only_to_a_lora_workers_own_stream(
     own = _requests_on(redis_url, protocol.worker_stream(BASE, workers.lora_holding.worker_id))
     sent = [r for r in own if r.messages and r.messages[-1].content == question[0]["content"]]
     assert len(sent) == 1
-    assert sent[0].lora == protocol.LoraAdapter("held", "/adapters/held")
+    assert sent[0].lora == protocol.LoraAdapter(held_adapter["served_as"], "/adapters/held")
+    assert held_adapter["served_as"].startswith("held@")
     assert sent[0].model == BASE
 
     for _ in range(4):
@@ -250,7 +256,7 @@ def test_an_adapter_request_goes_only_to_a_lora_workers_own_stream(
         request
         for stream in lora_streams
         for request in _requests_on(redis_url, stream)
-        if request.lora is not None and request.lora.name == "fresh"
+        if request.lora is not None and request.lora.path == "/adapters/fresh"
     ]
     assert len(fresh) == 4
     shared = _requests_on(redis_url, protocol.request_stream(BASE))

@@ -29,7 +29,7 @@ from sluicegate.gateway.db import teams as team_queries
 from sluicegate.gateway.db.audit import Actor
 from sluicegate.gateway.db.models import LoraAdapterRow
 from sluicegate.gateway.errors import Conflict, InvalidRequest, NotFound, PermissionDenied
-from sluicegate.gateway.routing.adapters import ADAPTER_NAME_PATTERN, AdapterBook
+from sluicegate.gateway.routing.adapters import ADAPTER_NAME_PATTERN, AdapterBook, served_name
 from sluicegate.gateway.usage.pricing import from_micros, to_micros
 
 AdapterName = Annotated[str, Meta(pattern=ADAPTER_NAME_PATTERN)]
@@ -60,6 +60,8 @@ class AdapterView(msgspec.Struct):
     """What a client calls: ``base_model:name``."""
     base_model: str
     path: str
+    served_as: str
+    """The name workers hold it under (their heartbeats' ``loras``)."""
     team_id: str | None
     input: float | None
     cached_input: float | None
@@ -85,6 +87,7 @@ def adapter_fields(row: LoraAdapterRow) -> dict[str, Any]:
         "model": f"{row.base_model}:{row.name}",
         "base_model": row.base_model,
         "path": row.path,
+        "served_as": served_name(row.name, str(row.id)),
         "team_id": str(row.team_id) if row.team_id is not None else None,
         "input": money(row.input_micros),
         "cached_input": money(row.cached_input_micros),
