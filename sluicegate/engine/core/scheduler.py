@@ -179,6 +179,8 @@ class Scheduler:
         manager = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.lora is not None and not self._lora_fits(seq):
+                break  # strict FCFS: it waits for a running adapter to finish
             cached = manager.match_prefix(seq)
             num_cached_tokens = len(cached) * self.config.block_size
             num_new = min(seq.num_tokens - num_cached_tokens, budget)
@@ -204,6 +206,12 @@ class Scheduler:
             running.append(seq)
         else:
             running.insert(next(i for i, s in enumerate(running) if s.priority > seq.priority), seq)
+
+    def _lora_fits(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s adapter runs already or a slot is left for one more: every
+        running sequence is in every step, so this keeps each step within ``max_loras``."""
+        running = {id(s.lora): s.lora for s in self.running if s.lora is not None}
+        return id(seq.lora) in running or len(running) < self.config.max_loras
 
     def _take_row(self, seq: Sequence) -> None:
         row = self._free_rows.pop()

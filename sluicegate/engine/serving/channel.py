@@ -1,7 +1,8 @@
 """Messages between the worker process and the engine core process, msgpack-encoded by
 msgspec into typed values (the engine's own dataclasses travel as they are).
 
-Worker -> core: ``AddRequest`` (prompt already tokenized), ``AbortRequest``, ``Shutdown``.
+Worker -> core: ``AddRequest`` (prompt already tokenized), ``AbortRequest``, ``Shutdown``,
+``ControlCommand`` (load or unload a LoRA adapter).
 Core -> worker: ``Ready`` once the model is loaded, then ``StepOutput`` after every step or
 batch of commands (deltas, rejected requests, fresh scheduler stats), ``CoreFailed`` when the
 core cannot go on."""
@@ -30,6 +31,20 @@ class AbortRequest(msgspec.Struct, tag="abort", array_like=True):
     request_id: str
 
 
+class ControlCommand(msgspec.Struct, tag="control", array_like=True):
+    """Load the LoRA adapter ``name`` from ``path``, or unload it (``path`` None)."""
+
+    token: int
+    name: str
+    path: str | None = None
+
+
+class ControlDone(msgspec.Struct, array_like=True):
+    token: int
+    error: str | None = None
+    """Why the command failed; None: done."""
+
+
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
@@ -53,13 +68,15 @@ class StepOutput(msgspec.Struct, tag="out", array_like=True):
     stats: dict[str, Any]
     added: int
     """``AddRequest`` messages the core took in since its previous output."""
+    replies: list[ControlDone] = msgspec.field(default_factory=list)
+    """The ``ControlCommand``s done since its previous output."""
 
 
 class CoreFailed(msgspec.Struct, tag="failed", array_like=True):
     message: str
 
 
-ToCore = AddRequest | AbortRequest | Shutdown
+ToCore = AddRequest | AbortRequest | Shutdown | ControlCommand
 FromCore = Ready | StepOutput | CoreFailed
 
 encoder = msgspec.msgpack.Encoder()

@@ -126,6 +126,7 @@ class Server:
             structured=request.structured,
             chat_template_kwargs=request.chat_template_kwargs,
             priority=request.priority,
+            lora=request.lora,
         )
         rid = request.request_id
         resume = request.resume_token_ids or None
