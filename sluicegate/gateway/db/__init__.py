@@ -6,10 +6,10 @@ from sluicegate.gateway.db.models import ApiKey, UsageDaily, UsageRecord, metada
 from sluicegate.gateway.db.session import create_engine, create_sessionmaker
 
 __all__ = [
+    "ApiKey",
     "Batch",
     "BatchFile",
     "BatchLine",
-    "ApiKey",
     "UsageDaily",
     "UsageRecord",
     "create_engine",
