@@ -45,7 +45,9 @@ def run_batch(client: openai.OpenAI, endpoint: str, bodies: list[dict[str, Any]]
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     assert uploaded.purpose == "batch" and uploaded.bytes == len(jsonl(lines))
     batch = client.batches.create(
-        input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h"  # type: ignore[arg-type]
+        input_file_id=uploaded.id,
+        endpoint=endpoint,
+        completion_window="24h",  # type: ignore[arg-type]
     )
     assert batch.status == "in_progress" and batch.request_counts.total == len(bodies)
     return wait_batch(client, batch.id)
@@ -192,3 +194,73 @@ def test_cancel_stops_lines_not_started(gateway: str, make_key: Callable[..., st
     assert 1 <= len(output) < 30 and len(output) + len(errors) == 30
     assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}
     assert batch.request_counts.completed == len(output)
+
+
+TEN_WORDS = [{"role": "user", "content": "a a a a a a a a a a"}]
+"""The upstream counts 11 prompt tokens (a word each, one for the message); the gateway
+estimates ceil(19 / 3) + 4 = 11 too: with max_tokens 5 a request reserves and uses exactly 16."""
+
+
+def test_budget_shared_with_live_traffic_ends_exactly_at_its_size(
+    gateway: str,
+    make_key_record: Callable[..., dict[str, Any]],
+    usage_events: Callable[..., list[Any]],
+) -> None:
+    record = make_key_record(token_budget=16 * 6)
+    client = sdk(gateway, record["key"])
+    body = {"model": "echo", "messages": TEN_WORDS, "max_tokens": 5}
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(6)
+    ]
+    uploaded = client.files.create(file=("in.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    live_ok = live_refused = 0
+    for _ in range(4):
+        try:
+            client.chat.completions.create(**body)
+            live_ok += 1
+        except openai.RateLimitError as exc:
+            assert exc.code == "insufficient_quota"
+            live_refused += 1
+    batch = wait_batch(client, batch.id)
+    assert batch.status == "completed"
+    output = read_lines(client, batch.output_file_id)
+    errors = read_lines(client, batch.error_file_id)
+    assert len(output) + live_ok == 6, (len(output), live_ok)
+    assert len(errors) + live_refused == 4
+    for line in errors:  # refused for the budget: an error line, never a silent drop
+        assert line["response"]["status_code"] == 429
+        assert line["response"]["body"]["error"]["code"] == "insufficient_quota"
+    assert batch.request_counts.failed == len(errors)
+    info = httpx.get(
+        f"{gateway}/v1/key/info", headers={"authorization": f"Bearer {record['key']}"}
+    ).json()
+    # Booked as admission counts (nothing is in flight by now): exactly the budget.
+    assert (info["budget"]["used_tokens"], info["budget"]["remaining_tokens"]) == (96, 0), info
+
+
+def test_batch_lines_cost_the_batch_multiplier_of_the_price(
+    gateway: str,
+    make_key: Callable[..., str],
+    api_settings: Any,
+    usage_events: Callable[..., list[Any]],
+) -> None:
+    added = httpx.post(
+        f"{gateway}/admin/prices",
+        json={"model": "echo", "input": 10, "output": 20},
+        headers={"authorization": f"Bearer {api_settings.master_key}"},
+    )
+    assert added.status_code == 201, added.text
+    client = sdk(gateway, make_key())
+    body = {"model": "echo", "messages": TEN_WORDS, "max_tokens": 5}
+    live = client.chat.completions.with_raw_response.create(**body)
+    (live_event,) = usage_events(live.headers["x-request-id"])
+    assert live_event.cost_micros == 11 * 10 + 5 * 20
+    batch = run_batch(client, "/v1/chat/completions", [body])
+    (line,) = read_lines(client, batch.output_file_id)
+    (batch_event,) = usage_events(line["response"]["request_id"])
+    assert batch_event.cost_micros * 2 == live_event.cost_micros
+    assert (batch_event.prompt_tokens, batch_event.completion_tokens) == (11, 5)
