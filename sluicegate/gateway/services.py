@@ -38,6 +38,10 @@ class BatchLineContext:
     key: ApiKeyRecord
     price_multiplier: float
     call: Any = None
+    settlement: Coroutine[Any, Any, None] | None = None
+    """An answered line's settlement, run by the runner once the line's result is stored: a
+    replica that dies between the two leaves a stored line whose lease a peer settles, rather
+    than a settled line that would run, and be billed, again."""
 
 
 def new_request_id() -> str:

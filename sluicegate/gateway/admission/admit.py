@@ -233,6 +233,7 @@ async def admit(
         span=span,
         prefetched=prefetch,
         generation_started=generation_started,
+        batch_line=batch_line,
     )
     if batch_line is not None:
         batch_line.call = call

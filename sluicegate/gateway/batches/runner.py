@@ -55,6 +55,8 @@ SWEEP_S = 2.0
 KEY_TTL_S = 5.0
 """How long a batch key's record is trusted before it is read again (revocations, limits)."""
 _RATE_LIMIT_WAIT_S = (0.05, 5.0)
+DRAIN_S = 5.0
+"""How long a stopping runner lets its running lines finish before it cuts them short."""
 
 
 class BatchRunner:
@@ -84,6 +86,9 @@ class BatchRunner:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
+        # Lines under way finish (their answers stored, then settled) if they can in time.
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=DRAIN_S)
         for task in list(self._running):
             task.cancel()
         await asyncio.gather(*self._tasks, *self._running, return_exceptions=True)
@@ -155,7 +160,24 @@ class BatchRunner:
         return record
 
     async def _run(self, claimed: ClaimedLine) -> None:
-        result = await self._serve(claimed)
+        key = await self._key(claimed.key_id)
+        refusal = _key_refusal(key)
+        if refusal is not None or key is None:
+            await self._store(claimed, _refused(claimed, refusal))
+            await finalize(self._sessionmaker, self._files, claimed.batch_id)
+            return
+        line = BatchLineContext(key, self._settings.batch_price_multiplier)
+        try:
+            result = await self._serve(claimed, line)
+            stored = await self._store(claimed, result)
+        finally:
+            if line.settlement is not None:
+                # Whatever happened to the stored result, the served answer is settled.
+                await asyncio.shield(line.settlement)
+        if stored:
+            await finalize(self._sessionmaker, self._files, claimed.batch_id)
+
+    async def _store(self, claimed: ClaimedLine, result: LineResult) -> bool:
         for attempt in range(5):
             try:
                 async with self._sessionmaker() as session, session.begin():
@@ -166,30 +188,18 @@ class BatchRunner:
                             claimed.batch_id,
                             claimed.line,
                         )
-                        return
-                break
+                        return False
+                return True
             except (SQLAlchemyError, OSError) as exc:
                 logger.warning("settling batch line failed (%s); retrying", exc)
                 await asyncio.sleep(0.2 * 2**attempt)
-        else:
-            return  # the claim lapses and another replica runs the line again
-        await finalize(self._sessionmaker, self._files, claimed.batch_id)
+        return False  # the claim lapses and another replica runs the line again
 
-    async def _serve(self, claimed: ClaimedLine) -> LineResult:
-        anthropic = claimed.api == "anthropic"
-        key = await self._key(claimed.key_id)
-        refusal = _key_refusal(key)
-        if refusal is not None:
-            status, body = (
-                anthropic_error(refusal) if anthropic else (refusal.status_code, refusal.body())
-            )
-            return LineResult(status, msgspec.json.encode(body).decode(), "")
-        assert key is not None
-        path = ANTHROPIC_ENDPOINT if anthropic else claimed.endpoint
+    async def _serve(self, claimed: ClaimedLine, line: BatchLineContext) -> LineResult:
+        path = ANTHROPIC_ENDPOINT if claimed.api == "anthropic" else claimed.endpoint
         body = msgspec.json.encode(claimed.body)
         wait = _RATE_LIMIT_WAIT_S[0]
         while True:
-            line = BatchLineContext(key, self._settings.batch_price_multiplier)
             answer = await dispatch(self._app, path, body, line)
             if not _rate_limited(answer):
                 break
@@ -212,6 +222,15 @@ class BatchRunner:
             completion,
             cost,
         )
+
+
+def _refused(claimed: ClaimedLine, refusal: OpenAIError | None) -> LineResult:
+    refusal = refusal or AuthenticationFailed("The API key that created this batch is gone.")
+    if claimed.api == "anthropic":
+        status, body = anthropic_error(refusal)
+    else:
+        status, body = refusal.status_code, refusal.body()
+    return LineResult(status, msgspec.json.encode(body).decode(), "")
 
 
 def _key_refusal(key: ApiKeyRecord | None) -> OpenAIError | None:
