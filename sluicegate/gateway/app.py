@@ -37,6 +37,7 @@ from sluicegate.gateway.api.openai_completions import CompletionsController
 from sluicegate.gateway.api.openai_embeddings import EmbeddingsController
 from sluicegate.gateway.api.openai_models import ModelsController
 from sluicegate.gateway.api.openai_responses import ResponsesController
+from sluicegate.gateway.batches.admin_api import BatchesAdminController
 from sluicegate.gateway.batches.anthropic_api import MessageBatchesController
 from sluicegate.gateway.batches.file_store import file_store
 from sluicegate.gateway.batches.openai_api import BatchesController, FilesController
@@ -276,6 +277,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             ModelsController,
             KeyInfoController,
             *ADMIN_CONTROLLERS,
+            BatchesAdminController,
             HealthController,
             *metrics,
             ui_router(),

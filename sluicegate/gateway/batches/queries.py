@@ -161,3 +161,24 @@ async def delete_batch(session: AsyncSession, batch: Batch) -> None:
 async def select_lines(session: AsyncSession, batch_id: str) -> list[BatchLine]:
     query = select(BatchLine).where(BatchLine.batch_id == batch_id).order_by(BatchLine.line)
     return list((await session.execute(query)).scalars())
+
+
+async def admin_batches(
+    session: AsyncSession,
+    *,
+    key_id: uuid.UUID | None,
+    team_id: uuid.UUID | None,
+    status: str | None,
+    limit: int,
+    offset: int,
+) -> list[Batch]:
+    """Batches of both APIs for the admin API and the UI, newest first."""
+    query = select(Batch)
+    if key_id is not None:
+        query = query.where(Batch.key_id == key_id)
+    if team_id is not None:
+        query = query.where(Batch.team_id == team_id)
+    if status is not None:
+        query = query.where(Batch.status == status)
+    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit).offset(offset)
+    return list((await session.execute(query)).scalars())

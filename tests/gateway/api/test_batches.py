@@ -264,3 +264,33 @@ def test_batch_lines_cost_the_batch_multiplier_of_the_price(
     (batch_event,) = usage_events(line["response"]["request_id"])
     assert batch_event.cost_micros * 2 == live_event.cost_micros
     assert (batch_event.prompt_tokens, batch_event.completion_tokens) == (11, 5)
+
+
+def test_admin_api_and_ui_show_progress_and_cost(
+    gateway: str, make_key_record: Callable[..., dict[str, Any]], api_settings: Any
+) -> None:
+    record = make_key_record()
+    client = sdk(gateway, record["key"])
+    body = {"model": "echo", "messages": TEN_WORDS, "max_tokens": 5}
+    batch = run_batch(client, "/v1/chat/completions", [body, body])
+    master = {"authorization": f"Bearer {api_settings.master_key}"}
+    listed = httpx.get(f"{gateway}/admin/batches", params={"key_id": record["id"]}, headers=master)
+    assert listed.status_code == 200, listed.text
+    (view,) = listed.json()["data"]
+    assert view["id"] == batch.id and view["status"] == "completed" and view["progress"] == 1.0
+    assert view["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    assert (view["prompt_tokens"], view["completion_tokens"]) == (22, 10)
+    assert view["cost_micros"] >= 0 and view["currency"] == api_settings.currency
+    refused = httpx.get(
+        f"{gateway}/admin/batches", headers={"authorization": f"Bearer {record['key']}"}
+    )
+    assert refused.status_code in (401, 403)
+
+    with httpx.Client(base_url=gateway) as browser:
+        token = browser.get("/ui/").cookies["sg_ui_signin"]
+        signed = browser.post(
+            "/ui/sign-in", data={"csrf_token": token, "key": api_settings.master_key}
+        )
+        assert signed.status_code == 303, signed.text
+        page = browser.get("/ui/batches/")
+        assert page.status_code == 200 and batch.id in page.text
