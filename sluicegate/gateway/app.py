@@ -192,11 +192,6 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         )
         leases = LeaseBook(redis, settings, limiter, recorder)
         batch_files = file_store(settings)
-        batch_runner = (
-            BatchRunner(app, sessionmaker, settings, batch_files)
-            if settings.run_batch_runner
-            else None
-        )
         services = Services(
             settings=settings,
             router=router,
@@ -204,6 +199,11 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             recorder=recorder,
             redis=redis,
             leases=leases,
+        )
+        batch_runner = (
+            BatchRunner(app, sessionmaker, settings, batch_files, services)
+            if settings.run_batch_runner
+            else None
         )
         app.state.update(
             settings=settings,

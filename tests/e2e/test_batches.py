@@ -221,12 +221,58 @@ def test_killed_gateway_mid_batch_every_line_ends_once(
     watcher.wait_usage_rows(12)
     time.sleep(1.0)  # any late row (a reaped lease) has landed too
     rows = watcher.usage_rows()
-    ok = [row for row in rows if row["status"] == "ok"]
-    assert {row["request_id"] for row in ok} == served and len(ok) == 12
+    by_request = {row["request_id"]: row for row in rows}
+    # One row per served line, billed what the line reports: settled by its replica (ok), or,
+    # for a line the victim had stored but not yet settled, by the reaper from its lease.
+    for line in output:
+        row = by_request[line["response"]["request_id"]]
+        usage = line["response"]["body"]["usage"]
+        assert (row["prompt_tokens"], row["completion_tokens"]) == (
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+        ), row
     # Requests the victim had under way when it died: settled by the reaper, nothing served.
-    for row in rows:
-        if row["status"] != "ok":
+    for request_id, row in by_request.items():
+        if request_id not in served:
+            assert row["status"] != "ok", row
             assert row["prompt_tokens"] + row["completion_tokens"] == 0, row
-    billed = sum(r["prompt_tokens"] + r["completion_tokens"] for r in ok)
-    answered = sum(line["response"]["body"]["usage"]["total_tokens"] for line in output)
-    assert billed == answered
+
+
+def test_killed_worker_mid_batch_every_line_ends_once(
+    cluster: Any, gateway: Any, redis_url: str, reference: Any, tools: Any
+) -> None:
+    model = tools.model_name("e2e-batch-wkill")
+    options = ("--max-num-seqs", "2", "--claim-idle", "2", "--heartbeat-ttl", "2")
+    survivor = cluster.worker(model, redis_url, *options)
+    victim = cluster.worker(model, redis_url, *options)
+    gateway.wait_model(model)
+    client = gateway.openai(max_retries=0, timeout=60)
+    prompts = [f"Worker line {i}" for i in range(8)]
+    bodies = [
+        {"model": model, "messages": [{"role": "user", "content": p}], "max_tokens": 64, **GREEDY}
+        for p in prompts
+    ]
+    batch = _submit(client, "/v1/chat/completions", bodies)
+    tools.wait_until(
+        lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1,
+        timeout=120,
+        what="a line done",
+        interval=0.05,
+    )
+    victim.stop(signal.SIGKILL)
+    batch = _wait(client, batch.id)
+    assert survivor.alive() and batch.status == "completed", batch
+    output = _output(client, batch)
+    error_text = client.files.content(batch.error_file_id).text if batch.error_file_id else ""
+    errors = [json.loads(line) for line in error_text.splitlines()]
+    ids = sorted(line["custom_id"] for line in output + errors)
+    assert ids == sorted(f"r{i}" for i in range(8)), ids
+    wants = reference.chat_many(prompts, 64)
+    for line in output:  # greedy, resumed or not: the offline answer
+        want = wants[int(line["custom_id"][1:])]
+        assert line["response"]["body"]["choices"][0]["message"]["content"] == want.text
+    served = {line["response"]["request_id"] for line in output}
+    gateway.wait_usage_rows(len(served))
+    time.sleep(1.0)  # a late row, were there one, has landed too
+    ok = {row["request_id"] for row in gateway.usage_rows() if row["status"] == "ok"}
+    assert ok == served

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 from litestar.types import ASGIApp
+from redis.exceptions import RedisError
 from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -43,7 +44,7 @@ from sluicegate.gateway.batches.wire import ANTHROPIC_ENDPOINT
 from sluicegate.gateway.db.models import ApiKey, Team
 from sluicegate.gateway.errors import AuthenticationFailed, OpenAIError
 from sluicegate.gateway.keys.records import ApiKeyRecord
-from sluicegate.gateway.services import BatchLineContext
+from sluicegate.gateway.services import BatchLineContext, Services
 from sluicegate.gateway.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,10 @@ class BatchRunner:
         sessionmaker: async_sessionmaker[AsyncSession],
         settings: Settings,
         files: FileStore,
+        services: Services | None = None,
     ) -> None:
         self._app = app
+        self._services = services
         self._sessionmaker = sessionmaker
         self._settings = settings
         self._files = files
@@ -169,6 +172,7 @@ class BatchRunner:
         line = BatchLineContext(key, self._settings.batch_price_multiplier)
         try:
             result = await self._serve(claimed, line)
+            await self._keep_counts(line, result)
             stored = await self._store(claimed, result)
         finally:
             if line.settlement is not None:
@@ -176,6 +180,19 @@ class BatchRunner:
                 await asyncio.shield(line.settlement)
         if stored:
             await finalize(self._sessionmaker, self._files, claimed.batch_id)
+
+    async def _keep_counts(self, line: BatchLineContext, result: LineResult) -> None:
+        """The served answer's counts into its lease before the line is stored: a replica
+        that dies between storing and settling leaves the reaper the right bill."""
+        leases = self._services.leases if self._services is not None else None
+        if line.settlement is None or leases is None or line.call is None:
+            return
+        with contextlib.suppress(RedisError):
+            await leases.store_final(
+                line.call.request_id,
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+            )
 
     async def _store(self, claimed: ClaimedLine, result: LineResult) -> bool:
         for attempt in range(5):
