@@ -69,6 +69,11 @@ class BatchRunner:
         files: FileStore,
         services: Services | None = None,
     ) -> None:
+        if settings.batch_concurrency < 1 or settings.batch_price_multiplier < 0:
+            raise ValueError(
+                "SLUICEGATE_BATCH_CONCURRENCY must be at least 1 and "
+                "SLUICEGATE_BATCH_PRICE_MULTIPLIER at least 0"
+            )
         self._app = app
         self._services = services
         self._sessionmaker = sessionmaker
