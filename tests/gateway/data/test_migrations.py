@@ -199,9 +199,9 @@ def test_0003_fills_the_derived_rollups_from_usage_daily_and_downgrades(
     assert _schema(url)[0] == TABLES - DERIVED_ROLLUPS - {
         "usage_rollup_changes",
         "stored_responses",
-    "batch_files",
-    "batches",
-    "batch_lines",
+        "batch_files",
+        "batches",
+        "batch_lines",
     }
     indexes = _execute(url, "SELECT indexname FROM pg_indexes WHERE tablename = 'usage_records'")
     assert {name for (name,) in indexes} == {
