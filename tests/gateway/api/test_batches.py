@@ -294,3 +294,18 @@ def test_admin_api_and_ui_show_progress_and_cost(
         assert signed.status_code == 303, signed.text
         page = browser.get("/ui/batches/")
         assert page.status_code == 200 and batch.id in page.text
+
+
+def test_uploads_have_their_own_size_limit(
+    gateway: str, make_key: Callable[..., str], api_settings: Any
+) -> None:
+    client = sdk(gateway, make_key())
+    body = {"model": "echo", "messages": [{"role": "user", "content": "x" * 1000}]}
+    line = {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    lines = [{**line, "custom_id": f"c{i}"} for i in range(200)]
+    content = jsonl(lines)
+    assert api_settings.max_body_bytes < len(content) < api_settings.max_file_bytes
+    uploaded = client.files.create(file=("big.jsonl", io.BytesIO(content)), purpose="batch")
+    assert client.files.content(uploaded.id).content == content
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("x.jsonl", io.BytesIO(content)), purpose="fine-tune")
