@@ -201,7 +201,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             leases=leases,
         )
         batch_runner = (
-            BatchRunner(app, sessionmaker, settings, batch_files, services)
+            BatchRunner(app, sessionmaker, settings, batch_files)
             if settings.run_batch_runner
             else None
         )

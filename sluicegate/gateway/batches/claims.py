@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from sluicegate.gateway.db.usage import insert_usage
+
 _CLAIM = text(
     """
     WITH picked AS (
@@ -84,6 +86,8 @@ class LineResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_micros: int = 0
+    usage: dict[str, Any] | None = None
+    """The served answer's ``usage_records`` row, committed with the line (see settle_line)."""
 
 
 async def claim_lines(
@@ -100,7 +104,12 @@ async def renew_claims(session: AsyncSession, me: str, claim_s: float) -> None:
 async def settle_line(
     session: AsyncSession, me: str, claimed: ClaimedLine, result: LineResult
 ) -> bool:
-    """Write the line's result while ``me`` still holds its claim; whether it did."""
+    """Write the line's result while ``me`` still holds its claim; whether it did.
+
+    A served answer's usage row is inserted in the same transaction, so a line is stored if
+    and only if its usage is: the request's settle in Redis, which follows, records the same
+    row again (idempotent on request id), and a reaper that settles it instead, should this
+    replica die in between, records one that bills less, which never replaces it."""
     await session.execute(_LOCK_BATCH, {"batch_id": claimed.batch_id})
     written = await session.execute(
         _SETTLE,
@@ -130,4 +139,6 @@ async def settle_line(
             "cost_micros": result.cost_micros,
         },
     )
+    if result.usage is not None:
+        await insert_usage(session, [result.usage])
     return True

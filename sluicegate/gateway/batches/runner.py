@@ -24,7 +24,6 @@ from typing import Any
 
 import msgspec
 from litestar.types import ASGIApp
-from redis.exceptions import RedisError
 from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -41,11 +40,13 @@ from sluicegate.gateway.batches.dispatch import Answer, dispatch
 from sluicegate.gateway.batches.file_store import FileStore
 from sluicegate.gateway.batches.finalize import finalize, ready_batches
 from sluicegate.gateway.batches.wire import ANTHROPIC_ENDPOINT
+from sluicegate.gateway.call.settle import usage_event
 from sluicegate.gateway.db.models import ApiKey, Team
 from sluicegate.gateway.errors import AuthenticationFailed, OpenAIError
 from sluicegate.gateway.keys.records import ApiKeyRecord
-from sluicegate.gateway.services import BatchLineContext, Services
+from sluicegate.gateway.services import BatchLineContext
 from sluicegate.gateway.settings import Settings
+from sluicegate.gateway.usage.stream import usage_row
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +68,6 @@ class BatchRunner:
         sessionmaker: async_sessionmaker[AsyncSession],
         settings: Settings,
         files: FileStore,
-        services: Services | None = None,
     ) -> None:
         if settings.batch_concurrency < 1 or settings.batch_price_multiplier < 0:
             raise ValueError(
@@ -75,7 +75,6 @@ class BatchRunner:
                 "SLUICEGATE_BATCH_PRICE_MULTIPLIER at least 0"
             )
         self._app = app
-        self._services = services
         self._sessionmaker = sessionmaker
         self._settings = settings
         self._files = files
@@ -177,7 +176,6 @@ class BatchRunner:
         line = BatchLineContext(key, self._settings.batch_price_multiplier)
         try:
             result = await self._serve(claimed, line)
-            await self._keep_counts(line, result)
             stored = await self._store(claimed, result)
         finally:
             if line.settlement is not None:
@@ -185,19 +183,6 @@ class BatchRunner:
                 await asyncio.shield(line.settlement)
         if stored:
             await finalize(self._sessionmaker, self._files, claimed.batch_id)
-
-    async def _keep_counts(self, line: BatchLineContext, result: LineResult) -> None:
-        """The served answer's counts into its lease before the line is stored: a replica
-        that dies between storing and settling leaves the reaper the right bill."""
-        leases = self._services.leases if self._services is not None else None
-        if line.settlement is None or leases is None or line.call is None:
-            return
-        with contextlib.suppress(RedisError):
-            await leases.store_final(
-                line.call.request_id,
-                prompt_tokens=result.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-            )
 
     async def _store(self, claimed: ClaimedLine, result: LineResult) -> bool:
         for attempt in range(5):
@@ -231,11 +216,17 @@ class BatchRunner:
             wait = min(wait * 2, _RATE_LIMIT_WAIT_S[1])
             await asyncio.sleep(min(max(delay, _RATE_LIMIT_WAIT_S[0]), 60.0))
         prompt = completion = cost = 0
+        usage = None
         call = line.call
         if call is not None:
-            billed = call.billed()
-            prompt, completion = billed.prompt_tokens, billed.completion_tokens
-            cost = call.admission.cost_micros(prompt, completion, billed.cached_tokens)
+            event = usage_event(call)
+            prompt, completion, cost = (
+                event.prompt_tokens,
+                event.completion_tokens,
+                event.cost_micros,
+            )
+            if line.settlement is not None:  # served: its settle is the runner's to run
+                usage = usage_row(event)
         return LineResult(
             answer.status,
             answer.body.decode("utf-8", "replace") if answer.body else "null",
@@ -243,6 +234,7 @@ class BatchRunner:
             prompt,
             completion,
             cost,
+            usage,
         )
 
 

@@ -205,21 +205,6 @@ class LeaseBook:
         finally:
             self._storing = None
 
-    async def store_final(
-        self, request_id: str, *, prompt_tokens: int, completion_tokens: int
-    ) -> None:
-        """Write a whole answer's final counts into its stored lease now, before the caller
-        commits the answer somewhere else (a batch line's result): should this replica die
-        before its settle lands, the reaper bills the answer that was kept, not nothing."""
-        lease = self._leases.get(request_id)
-        if lease is None:
-            return
-        lease.prompt_tokens = prompt_tokens
-        lease.delivered_tokens = completion_tokens
-        lease.first_token = True
-        keys, args = renew_call([lease], time.time(), self._limiter.slot_ttl_s)
-        await self._limiter.batch.execute(("EVAL", RENEW_LUA, len(keys), *keys, *args))
-
     def forget(self, request_id: str) -> None:
         """The request was settled here (which released its stored lease)."""
         self._leases.pop(request_id, None)
