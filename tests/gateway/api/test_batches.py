@@ -309,3 +309,20 @@ def test_uploads_have_their_own_size_limit(
     assert client.files.content(uploaded.id).content == content
     with pytest.raises(openai.BadRequestError):
         client.files.create(file=("x.jsonl", io.BytesIO(content)), purpose="fine-tune")
+
+
+def test_responses_lines_match_live_answers(gateway: str, make_key: Callable[..., str]) -> None:
+    client = sdk(gateway, make_key())
+    bodies = [
+        {"model": "echo", "input": f"tell me {i}", "max_output_tokens": 16, "store": False}
+        for i in range(2)
+    ]
+    batch = run_batch(client, "/v1/responses", bodies)
+    assert batch.status == "completed" and batch.request_counts.failed == 0, batch
+    for line, body in zip(read_lines(client, batch.output_file_id), bodies, strict=True):
+        answer = line["response"]["body"]
+        live = client.responses.create(**body)
+        assert answer["object"] == "response" and answer["status"] == "completed"
+        texts = [c["text"] for item in answer["output"] for c in item.get("content", [])]
+        assert "".join(texts) == live.output_text
+        assert answer["usage"]["output_tokens"] == live.usage.output_tokens  # type: ignore[union-attr]
