@@ -13,8 +13,8 @@ from litestar.params import FromQuery
 from sluicegate.gateway.api.admin.guards import actor_of, admin_guard, require_team_access
 from sluicegate.gateway.batches.creation import sessions
 from sluicegate.gateway.batches.queries import admin_batches
+from sluicegate.gateway.batches.tables import Batch
 from sluicegate.gateway.batches.wire import unix
-from sluicegate.gateway.db.batch_tables import Batch
 from sluicegate.gateway.errors import InvalidRequest
 from sluicegate.gateway.http.json_response import JSONBytes
 from sluicegate.gateway.usage.pricing import from_micros

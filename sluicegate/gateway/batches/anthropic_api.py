@@ -28,13 +28,13 @@ from sluicegate.gateway.batches.queries import (
     select_batches,
     select_lines,
 )
+from sluicegate.gateway.batches.tables import Batch
 from sluicegate.gateway.batches.wire import (
     ANTHROPIC_ENDPOINT,
     anthropic_batch,
     anthropic_result,
     parse_anthropic_requests,
 )
-from sluicegate.gateway.db.batch_tables import Batch
 from sluicegate.gateway.errors import InvalidRequest, NotFound
 from sluicegate.gateway.http.json_response import JSONBytes
 from sluicegate.gateway.services import authenticate

@@ -11,8 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from sluicegate.gateway.batches.file_store import FileStore
 from sluicegate.gateway.batches.queries import Owner, insert_batch, utcnow
+from sluicegate.gateway.batches.tables import Batch
 from sluicegate.gateway.batches.wire import LineError
-from sluicegate.gateway.db.batch_tables import Batch
 from sluicegate.gateway.errors import InvalidRequest
 from sluicegate.gateway.keys.records import ApiKeyRecord
 from sluicegate.gateway.stored.items import refuse_unsupported

@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from sluicegate.gateway.batches.file_store import FileStore
 from sluicegate.gateway.batches.queries import ENDED, utcnow
+from sluicegate.gateway.batches.tables import Batch, BatchFile, BatchLine
 from sluicegate.gateway.batches.wire import openai_result
-from sluicegate.gateway.db.batch_tables import Batch, BatchFile, BatchLine
 
 _READY = text(
     """

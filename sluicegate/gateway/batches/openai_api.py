@@ -35,8 +35,8 @@ from sluicegate.gateway.batches.queries import (
     select_files,
     utcnow,
 )
+from sluicegate.gateway.batches.tables import BatchFile
 from sluicegate.gateway.batches.wire import ENDPOINTS, file_object, openai_batch, parse_openai_input
-from sluicegate.gateway.db.batch_tables import BatchFile
 from sluicegate.gateway.errors import Conflict, InvalidRequest, NotFound
 from sluicegate.gateway.http.json_response import JSONBytes
 from sluicegate.gateway.services import authenticate

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from sluicegate.gateway.db.batch_tables import Batch, BatchFile, BatchLine
+from sluicegate.gateway.batches.tables import Batch, BatchFile, BatchLine
 
 ACTIVE = ("validating", "in_progress")
 ENDED = ("completed", "failed", "expired", "cancelled")

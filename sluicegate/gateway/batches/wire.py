@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from sluicegate.gateway.db.batch_tables import Batch, BatchFile, BatchLine
+from sluicegate.gateway.batches.tables import Batch, BatchFile, BatchLine
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 ANTHROPIC_ENDPOINT = "/v1/messages"
