@@ -59,6 +59,9 @@ class EngineOptions:
     # Ranks the model is split over (sluicegate.engine.parallel.ranks): processes on
     # this machine, one per GPU on CUDA; on the CPU they share its cores.
     tensor_parallel_size: int = 1
+    # "auto" (the model's dtype), or "fp8" / "fp8_e4m3" / "fp8_e5m2": a byte per cached value,
+    # twice bf16's tokens in the same memory (sluicegate.engine.runner.attention).
+    kv_cache_dtype: str = "auto"
     # LoRA adapters (docs/lora.md): up to max_loras distinct adapters in one step (device
     # slots; 0: LoRA off), of rank up to max_lora_rank, max_cpu_loras held in host memory
     # (None: max_loras); lora_modules (name -> peft folder) are loaded at start-up.

@@ -140,9 +140,10 @@ def test_gpu_requests_land_on_engine_pods_only(
     assert gpus(one(required_manifests, "Deployment", ENGINE)) == (1, 1)
     assert gpus(one(all_manifests, "Deployment", ENGINE)) == (2, 2)
     # Two GPUs in one pod: the worker splits the model over them; one GPU, no flag.
-    assert "--tensor-parallel-size" not in pod_spec(
-        one(required_manifests, "Deployment", ENGINE)
-    )["containers"][0]["args"]
+    assert (
+        "--tensor-parallel-size"
+        not in pod_spec(one(required_manifests, "Deployment", ENGINE))["containers"][0]["args"]
+    )
     # An entry asking for 0 GPUs runs on the CPU, with no GPU request at all.
     assert gpus(one(all_manifests, "Deployment", CPU_ENGINE)) == (None, None)
     for workload in workloads(all_manifests):

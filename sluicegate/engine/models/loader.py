@@ -151,6 +151,7 @@ def load_model(
             count = quantize_projections(
                 model, scheme, checkpoint_names(path), model.projection_parts
             )
+            model.weight_dtype = "fp8" if scheme.is_fp8 else f"int{scheme.bits}"
             logger.info(
                 "%s: quantized checkpoint, %d projections: %s",
                 path.name,

@@ -144,6 +144,10 @@ class RankGroup:
         try:
             dist.broadcast_object_list([command], src=0)
         except RuntimeError as exc:
+            # A killed rank's sockets close while it is still being torn down: give it a
+            # moment to be reaped, so the error names it.
+            for process in self.processes:
+                process.join(timeout=2)
             self.check()
             raise RankLost(f"tensor-parallel collective failed: {exc}") from exc
 

@@ -16,6 +16,7 @@ from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_l
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.options import EngineOptions
 from sluicegate.engine.parallel.shard import TensorParallel
+from sluicegate.engine.runner.attention import resolve_kv_cache_dtype
 from sluicegate.engine.runner.model_runner import ModelRunner
 from sluicegate.kernels import cpu_ops
 
@@ -109,5 +110,6 @@ def build_runner(
         and not options.enforce_eager
         and (device.type == "cuda" or options.cpu_compile),
         cuda_graphs=compilable and not options.enforce_eager and device.type == "cuda",
+        kv_cache_dtype=resolve_kv_cache_dtype(options.kv_cache_dtype, model.config.dtype),
         loras=loras,
     )

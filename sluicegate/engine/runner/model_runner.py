@@ -18,6 +18,7 @@ from sluicegate.engine.runner.cuda_graphs import DecodeGraphs
 from sluicegate.engine.runner.hooks import KVMirror, StepFollowers
 from sluicegate.engine.runner.input_batch import InputBatch, StepArrays
 from sluicegate.engine.runner.staging import PinnedStaging
+from sluicegate.kernels.reference import FP8_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +43,17 @@ class ModelRunner:
         attention_backend: str | None = None,
         compile_model: bool = False,
         cuda_graphs: bool = False,
+        kv_cache_dtype: torch.dtype | None = None,
         loras: LoraManager | None = None,
     ) -> None:
         self.model = model
         self.loras = loras
         self.config = model.config
         self.device = device
+        self.kv_cache_dtype = kv_cache_dtype or model.config.dtype
+        if self.kv_cache_dtype in FP8_DTYPES and device.type == "cuda":
+            # The Triton kernels read a cache of the model's dtype; the reference reads any.
+            attention_backend = "torch"
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -67,7 +73,7 @@ class ModelRunner:
             "KV cache: %d blocks of %d tokens in %s, %.0f MiB",
             self.num_kv_blocks,
             block_size,
-            str(self.config.dtype).removeprefix("torch."),
+            str(self.kv_cache_dtype).removeprefix("torch."),
             self.num_kv_blocks * self.kv_bytes_per_block / 2**20,
         )
         self.input_batch = InputBatch(
@@ -144,7 +150,7 @@ class ModelRunner:
     @property
     def kv_bytes_per_block(self) -> int:
         c = self.config
-        element = torch.empty((), dtype=c.dtype).element_size()
+        element = torch.empty((), dtype=self.kv_cache_dtype).element_size()
         per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * element
         return per_token * self.block_size
 
@@ -248,7 +254,7 @@ class ModelRunner:
             self.block_size,
             c.num_key_value_heads,
             c.head_dim,
-            dtype=c.dtype,
+            dtype=self.kv_cache_dtype,
             device=self.device,
         )
         # zero_() rather than torch.zeros: it touches every page now, not on first use mid-run.

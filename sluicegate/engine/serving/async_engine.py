@@ -387,7 +387,9 @@ class AsyncEngine:
     def _step_failed(self, exc: Exception) -> None:
         for request_id in self._streams.request_ids():
             self._streams.fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
-        if isinstance(exc, RankLost):  # no later step can run: the worker exits
+        # Under tensor parallelism a failed step leaves the ranks out of lockstep (a rank died
+        # mid-collective, say): no later step can run, so the worker exits.
+        if isinstance(exc, RankLost) or (self.core is not None and self.core.ranks is not None):
             self.failed.set()
 
     def wire_logprobs(self, entries: list[TokenLogprobs]) -> list[protocol.TokenLogprob]:

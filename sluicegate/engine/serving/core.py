@@ -26,7 +26,7 @@ from sluicegate.engine.runner.build import build_runner, context_length, load_en
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
-from sluicegate.engine.sample.guided import TokenBitmask
+from sluicegate.engine.sample.guided import GrammarGuide, TokenBitmask
 from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.sampler import Sampler
@@ -320,7 +320,15 @@ class EngineCore:
 
     def _speculable(self, seq: Sequence) -> bool:
         request = self._requests.get(seq.request_id)
-        return request is not None and request.guide is None and speculable(seq.params)
+        if request is None or not speculable(seq.params):
+            return False
+        guide = request.guide
+        # The grammar checks drafts only while it governs the output from its next token.
+        return guide is None or (guide.active and guide.thinking_token is None)
+
+    def _guide(self, request_id: str) -> GrammarGuide | None:
+        request = self._requests.get(request_id)
+        return request.guide if request is not None else None
 
     def _launch(self, output: SchedulerOutput) -> _Launched:
         """Forward and sample ``output`` on the device, and do the bookkeeping that needs
@@ -330,7 +338,12 @@ class EngineCore:
         verdicts = None
         if self.speculator is not None and any(item.num_drafts for item in sampling_items):
             logits, verdicts = self.speculator.verify(
-                self.runner, self.sampler.generator, output, sampling_items
+                self.runner,
+                self.sampler.generator,
+                output,
+                sampling_items,
+                [self._guide(item.seq.request_id) for item in sampling_items],
+                self.bitmask,
             )
         else:
             logits = self.runner.run(output)
@@ -345,7 +358,11 @@ class EngineCore:
             if forked_rows:
                 rows = torch.tensor(forked_rows, device=logits.device)
                 logits = torch.cat([logits, logits.index_select(0, rows)])
-            guides = [r.guide if r is not None else None for r in requests]
+            # A speculated row was masked along its drafts already (Speculator.verify).
+            guides = [
+                r.guide if r is not None and not item.num_drafts else None
+                for r, item in zip(requests, sampling_items, strict=False)
+            ]
             if any(g is not None and g.active for g in guides):
                 constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
         rows = BatchRows(step.sampling_batch_rows, step.sampling_generations,
@@ -510,6 +527,11 @@ class EngineCore:
         stats["num_generated_tokens"] = self.num_generated_tokens
         stats["thinking"] = self.reasoning
         stats["step_time_s"] = self.step_time_s
+        dtype = str(self.model.config.dtype).removeprefix("torch.")
+        stats["dtype"] = dtype
+        stats["weight_dtype"] = getattr(self.model, "weight_dtype", dtype)
+        stats["kv_cache_dtype"] = str(self.runner.kv_cache.dtype).removeprefix("torch.")
+        stats["tensor_parallel_size"] = self.options.tensor_parallel_size
         if self.speculator is not None:
             stats.update(self.speculator.stats())
         if self.loras is not None:

@@ -5,7 +5,9 @@ A step speculates only while few sequences run (``disable_by_batch_size``), only
 sequences in decode, and runs without overlap: proposals need the previous step's tokens
 and the next step's schedule needs this one's accepted count. Requests whose sampling
 depends on more than the logits (penalties, logit bias, a seed, logprobs) and
-grammar-constrained ones are not speculated: they take their one token per step as before.
+grammar-constrained ones are speculated with the grammar checking the drafts (each verified
+row masked by the grammar's state after the drafts before it); those whose output may open
+with a thinking block, or that are still thinking, are not: they take one token a step.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sluicegate.engine.core.scheduler_output import ScheduledSequence, Scheduler
 from sluicegate.engine.core.sequence import Sequence
 from sluicegate.engine.runner.model_runner import ModelRunner
 from sluicegate.engine.runner.readback import PendingRead, start_read
+from sluicegate.engine.sample.guided import GrammarGuide, TokenBitmask
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.speculative import verify_drafts
 from sluicegate.engine.spec.config import SpeculativeConfig
@@ -94,13 +97,28 @@ class Speculator:
         generator: torch.Generator,
         output: SchedulerOutput,
         items: list[ScheduledSequence],
+        guides: SequenceOf[GrammarGuide | None],
+        bitmask: TokenBitmask,
     ) -> tuple[torch.Tensor, PendingRead]:
         """Forward a step with draft tokens (``items``: those that sample): the logits
         after each item's last token, from which the sampler draws the token that follows
-        all its drafts, and the drafts' verdicts with their read queued."""
+        all its drafts, and the drafts' verdicts with their read queued. A guided item's rows
+        are masked by its grammar along its drafts (``guides``: one per item, or None), the
+        last one included: the sampler must not mask that row again."""
         num_drafts = np.array([item.num_drafts for item in items], dtype=np.int64)
         logits = runner.run_speculative(output, num_drafts)
         last = np.cumsum(num_drafts + 1) - 1
+        chains = [
+            (
+                int(end - item.num_drafts),
+                guide,
+                item.seq.token_ids[item.start + 1 :][: item.num_drafts],
+            )
+            for item, guide, end in zip(items, guides, last, strict=True)
+            if guide is not None and guide.active and item.num_drafts
+        ]
+        if chains:
+            bitmask.apply_to_drafts(logits, chains)
         drafted = np.ones(len(logits), dtype=bool)
         drafted[last] = False
         drafts = [t for i in items for t in i.seq.token_ids[i.start + 1 :][: i.num_drafts]]

@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--device")
     engine.add_argument("--num-threads", type=int, help="CPU threads for the model (CPU only)")
     engine.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "float32"),
+        help="the KV cache's dtype (default auto: the model's); fp8 holds twice bf16's tokens",
+    )
+    engine.add_argument(
         "--tensor-parallel-size",
         "-tp",
         type=int,
@@ -167,6 +172,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_linears",
         "speculative_config",
         "tensor_parallel_size",
+        "kv_cache_dtype",
         "max_loras",
         "max_lora_rank",
         "max_cpu_loras",

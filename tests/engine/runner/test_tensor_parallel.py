@@ -183,6 +183,12 @@ async def test_a_dead_rank_fails_the_request_clearly_and_the_worker_exits(
                 await asyncio.sleep(0.2)
         served = await ask()
         assert [t for m in served for t in m.token_ids] == want[0].token_ids
+        (worker_id,) = await redis.smembers(protocol.worker_registry(model))
+        beat = protocol.decode(await redis.get(protocol.heartbeat_key(model, worker_id.decode())))
+        assert isinstance(beat, protocol.Heartbeat)
+        assert (beat.tensor_parallel_size, beat.weight_dtype, beat.kv_cache_dtype) == (
+            2, "float32", "float32"
+        )  # fmt: skip
         (rank,) = _children(process.pid)
         os.kill(rank, signal.SIGKILL)
         failed = await ask()

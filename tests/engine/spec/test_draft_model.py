@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sluicegate.engine import LLM, AsyncEngine, SamplingParams
+from sluicegate.engine.protocol import Structured
 from sluicegate.engine.serving.request_options import RequestOptions
 
 NEW_TOKENS = 24
@@ -100,6 +101,25 @@ async def test_n_choices_speculate_each(
         stats = engine.core.stats()  # type: ignore[union-attr]
     assert choices == [reference[1]] * 3
     assert stats["spec_accepted_tokens"] > 0 and stats["kv_blocks_used"] == 0
+
+
+def test_grammar_constrained_requests_speculate_with_a_draft_model(
+    model_dirs: dict[str, Path],
+) -> None:
+    """The draft proposes freely; the grammar masks each verified row, so the output is the
+    constrained output without speculation."""
+    structured = RequestOptions(
+        structured=Structured("regex", regex=r"[0-9]{3}-[a-z]{2}( [a-z]+){2,4}")
+    )
+    params = SamplingParams(max_tokens=30, temperature=0)
+    plain = LLM(str(model_dirs["llama"]), dtype="float32", num_kv_blocks=64)
+    (want,) = plain.generate(prompts()[1], params, structured)
+    spec = {"model": str(model_dirs["qwen2"]), "num_speculative_tokens": 3}
+    llm = LLM(str(model_dirs["llama"]), dtype="float32", num_kv_blocks=64,
+              speculative_config=spec)  # fmt: skip
+    (out,) = llm.generate(prompts()[1], params, structured)
+    assert (out.token_ids, out.text) == (want.token_ids, want.text)
+    assert llm.stats()["spec_draft_tokens"] > 0
 
 
 def test_a_draft_with_another_vocabulary_is_refused(tmp_path: Path, llama_dir: Path) -> None:
