@@ -71,13 +71,9 @@ class EngineOptions:
     lora_modules: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
-        # Checked here, before any model loads or tensor-parallel rank starts.
+        # Checked here, before any model loads.
         if self.lora_modules and not self.max_loras:
             raise ValueError("--lora-modules needs --max-loras of at least 1")
-        if self.max_loras and self.tensor_parallel_size > 1:
-            raise ValueError(
-                "LoRA adapters (--max-loras) are not served with tensor parallelism yet"
-            )
 
 
 def resolve_device(name: str) -> torch.device:

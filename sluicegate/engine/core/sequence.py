@@ -47,9 +47,12 @@ class Sequence:
         eos_token_ids: Iterable[int] = (),
         arrival_time: float | None = None,
         output_token_ids: Iterable[int] = (),
+        priority: int = 0,
         lora: AdapterKey | None = None,
     ) -> None:
         self.request_id = request_id
+        self.priority = priority
+        """Lower runs first: the scheduler's order of admission and (reversed) of preemption."""
         # The LoRA adapter this request runs (None: the base model). Its blocks hash from
         # the adapter's seed, so no prefix is shared across adapters.
         self.lora = lora

@@ -70,6 +70,9 @@ class EngineCore:
             spec_config = SpeculativeConfig.parse(options.speculative_config)
             if spec_config.model is not None and options.tensor_parallel_size > 1:
                 raise ValueError("draft-model speculation is not served with tensor parallelism")
+        if options.max_loras and options.tensor_parallel_size > 1:
+            # The adapters' matrices would need the base weights' split on every rank.
+            raise ValueError("LoRA adapters are not served with tensor parallelism yet")
         # A GGUF file is served from the Hugging Face folder it converts to (once).
         model = checkpoint_folder(model)
         self.tokenizer = Tokenizer(model)
@@ -206,6 +209,7 @@ class EngineCore:
             params,
             self.eos_token_ids,
             output_token_ids=resumed,
+            priority=options.priority,
             lora=adapter,
         )
         self.scheduler.add(seq)
@@ -424,6 +428,7 @@ class EngineCore:
                     params,
                     self.eos_token_ids,
                     arrival_time=parent.arrival_time,
+                    priority=parent.priority,
                     lora=parent.lora,
                 )
                 copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)

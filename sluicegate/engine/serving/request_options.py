@@ -21,6 +21,8 @@ class RequestOptions:
     parallel_tool_calls: bool = True
     structured: Structured | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    priority: int = 0
+    """Lower runs first (``sluicegate.engine.protocol.Request.priority``)."""
     lora: LoraAdapter | None = None
     """Run with this LoRA adapter (loaded from its path on first use); None: the base model."""
 

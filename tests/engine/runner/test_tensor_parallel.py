@@ -1,5 +1,6 @@
 """Tensor parallelism over two gloo ranks on the CPU: the shard plan (uneven, replicated and
-refused head layouts), greedy tokens equal to one rank's on the native architectures, through
+refused head layouts), greedy tokens equal to one rank's (and transformers') on the native
+architectures, through
 prefix caching, chunked prefill and preemption; and a worker whose rank dies fails its
 request clearly and exits."""
 
@@ -23,6 +24,7 @@ from sluicegate.engine import LLM, SamplingParams, protocol
 from sluicegate.engine.models.config import ModelConfig
 from sluicegate.engine.parallel.shard import ShardPlan, split_evenly
 from sluicegate.engine.worker import build_parser, engine_kwargs
+from tests.engine.models.greedy import transformers_greedy
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -80,12 +82,16 @@ def test_fewer_kv_heads_than_ranks_are_replicated_and_bad_layouts_refused() -> N
 
 @pytest.fixture(scope="module")
 def reference(model_dirs: dict[str, Path]) -> dict[str, list[list[int]]]:
-    return {
-        kind: [o.token_ids for o in LLM(str(d), dtype="float32", num_kv_blocks=64).generate(
-            prompts(), GREEDY
-        )]
-        for kind, d in model_dirs.items()
-    }  # fmt: skip
+    """One rank's greedy tokens, checked here to be transformers' own."""
+    from transformers import AutoModelForCausalLM
+
+    tokens = {}
+    for kind, folder in model_dirs.items():
+        one = LLM(str(folder), dtype="float32", num_kv_blocks=64).generate(prompts(), GREEDY)
+        tokens[kind] = [o.token_ids for o in one]
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        assert tokens[kind] == transformers_greedy(hf, prompts(), GREEDY.max_tokens)
+    return tokens
 
 
 @pytest.mark.parametrize("setting", ["roomy", "busy"])

@@ -113,7 +113,8 @@ class EngineProvider:
     # ---- generation ------------------------------------------------------------------------
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
-        workers = await self._workers_or_503()
+        lora = request.lora
+        workers = await self._workers_or_503(lora is not None)
         refusal = self._no_thinking_mode(request, workers)
         if refusal is not None:
             raise refusal
@@ -122,10 +123,12 @@ class EngineProvider:
             request, self.model, deadline, self._replies.stream, self._default_max_tokens(request)
         )
         rendered = render_prompt(message.messages, request.prompt)
-        hashes = prefix_hashes(rendered) if self.prefix_affinity and len(workers) > 1 else []
+        adapter = lora.name if lora is not None else None
+        affinity = self.prefix_affinity and len(workers) > 1
+        hashes = prefix_hashes(rendered, adapter=adapter) if affinity else []
         call = EngineCall(request.request_id, deadline, request.sampling.n)
         try:
-            stream = await self.workers.pick_stream(hashes, workers)
+            stream = await self.workers.pick_stream(hashes, workers, adapter)
             while True:
                 try:
                     async for chunk in self._attempt(call, message, stream):
@@ -135,15 +138,26 @@ class EngineProvider:
                         yield chunk
                     return
                 except WorkerLost as lost:
+                    lost_worker = call.worker_id
                     message = resumption(call, message, lost)
-                    stream = protocol.request_stream(self.model)
+                    stream = await self._resume_stream(adapter, lost_worker)
         finally:
             if call.counted_on:
                 self.workers.count(call.counted_on, -1)
 
+    async def _resume_stream(self, adapter: str | None, lost_worker: str | None) -> str:
+        """Where a lost request goes again: the shared stream, or for an adapter another LoRA
+        worker's own stream (the shared one may reach a worker without LoRA)."""
+        if adapter is None:
+            return protocol.request_stream(self.model)
+        workers = await self._workers_or_503(True)
+        others = {w: beat for w, beat in workers.items() if w != lost_worker} or workers
+        return await self.workers.pick_stream([], others, adapter)
+
     async def count_tokens(self, request: ChatRequest) -> int:
         """The prompt's tokens as a worker renders it (its chat template, the tools), with
-        nothing generated: a count-only request, answered by one final delta."""
+        nothing generated: a count-only request, answered by one final delta. Sent without
+        ``lora``, to any worker: an adapter does not change the base model's tokenizer."""
         await self._workers_or_503()
         deadline = request.deadline or time.time() + self.settings.request_timeout_s
         message = wire_request(request, self.model, deadline, self._replies.stream, 1)
@@ -154,6 +168,7 @@ class EngineProvider:
             sampling=protocol.Sampling(max_tokens=1),
             n=1,
             structured=None,
+            lora=None,
         )
         call = EngineCall(request.request_id, deadline)
         async for chunk in self._attempt(call, message, protocol.request_stream(self.model)):
@@ -206,14 +221,18 @@ class EngineProvider:
             "thinking", f"The model '{self.model}' has no thinking mode; leave out 'thinking'."
         )
 
-    async def _workers_or_503(self) -> dict[str, protocol.Heartbeat]:
+    async def _workers_or_503(self, lora: bool = False) -> dict[str, protocol.Heartbeat]:
+        """The live workers (with ``lora``, those with LoRA on), or the 503 for none."""
         try:
             workers = await self.live_workers()
         except (RedisError, OSError, TimeoutError) as exc:
             raise redis_down(exc) from exc
+        if lora:
+            workers = {w: beat for w, beat in workers.items() if beat.max_loras > 0}
         if not workers:
+            serving = "with LoRA adapters enabled " if lora else ""
             raise ProviderError(
-                f"No engine worker is serving model '{self.model}' right now.",
+                f"No engine worker {serving}is serving model '{self.model}' right now.",
                 retryable=True,
                 status_code=503,
                 code="no_worker_available",
