@@ -37,6 +37,11 @@ from sluicegate.gateway.api.openai_completions import CompletionsController
 from sluicegate.gateway.api.openai_embeddings import EmbeddingsController
 from sluicegate.gateway.api.openai_models import ModelsController
 from sluicegate.gateway.api.openai_responses import ResponsesController
+from sluicegate.gateway.batches.admin_api import BatchesAdminController
+from sluicegate.gateway.batches.anthropic_api import MessageBatchesController
+from sluicegate.gateway.batches.file_store import file_store
+from sluicegate.gateway.batches.openai_api import BatchesController, FilesController
+from sluicegate.gateway.batches.runner import BatchRunner
 from sluicegate.gateway.db.session import create_engine, create_sessionmaker
 from sluicegate.gateway.db.usage_reports import DatabaseSpend
 from sluicegate.gateway.http.body import check_body
@@ -192,6 +197,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             else None
         )
         leases = LeaseBook(redis, settings, limiter, recorder)
+        batch_files = file_store(settings)
         services = Services(
             settings=settings,
             router=router,
@@ -200,6 +206,11 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             redis=redis,
             leases=leases,
             adapters=adapters,
+        )
+        batch_runner = (
+            BatchRunner(app, sessionmaker, settings, batch_files)
+            if settings.run_batch_runner
+            else None
         )
         app.state.update(
             settings=settings,
@@ -214,6 +225,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             limiter=limiter,
             services=services,
             response_store=ResponseStore(sessionmaker),
+            batch_files=batch_files,
         )
         metrics_server = serve_metrics(settings) if settings.metrics_port else None
         try:
@@ -226,11 +238,16 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         await leases.start()
         if response_retention is not None:
             await response_retention.start()
+        if batch_runner is not None:
+            await batch_runner.start()
         if served:
             tune_gc()
         try:
             yield
         finally:
+            if batch_runner is not None:
+                # First: the lines it cuts short settle like any cancelled request.
+                await _bounded("batch runner", batch_runner.stop())
             await _bounded("settlements", services.drain_settlements())
             await _bounded("lease book", leases.stop())
             if response_retention is not None:
@@ -239,6 +256,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
                 await _bounded("usage flusher", flusher.stop())
             await _bounded("key cache", key_cache.stop())
             await _bounded("router", router.close())
+            await _bounded("batch file store", batch_files.close())
             await _bounded("database pool", db_engine.dispose())
             await _bounded("redis pubsub client", redis_pubsub.aclose())
             await _bounded("redis client", redis.aclose())
@@ -258,12 +276,16 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         route_handlers=[
             ChatCompletionsController,
             MessagesController,
+            MessageBatchesController,
             ResponsesController,
+            FilesController,
+            BatchesController,
             CompletionsController,
             EmbeddingsController,
             ModelsController,
             KeyInfoController,
             *ADMIN_CONTROLLERS,
+            BatchesAdminController,
             HealthController,
             *metrics,
             ui_router(),

@@ -238,6 +238,8 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     deadline: float = 0.0
     """Unix time by which the whole answer must be done; 0 = none."""
     traceparent: str | None = None
+    priority: int = 0
+    """The engine's scheduling priority (lower first): ``BATCH_PRIORITY`` for Batch API lines."""
     lora: LoraAdapter | None = None
     """The LoRA adapter the called model name stands for (``sluicegate.gateway.routing.adapters``):
     only engine deployments get such a request."""

@@ -17,12 +17,32 @@ from redis.asyncio import Redis
 from sluicegate.engine.tracing import tracing_enabled
 from sluicegate.gateway.admission.limits import RateLimiter
 from sluicegate.gateway.keys.auth import provide_api_key
+from sluicegate.gateway.keys.records import ApiKeyRecord
 from sluicegate.gateway.leases.book import LeaseBook
 from sluicegate.gateway.routing.adapters import AdapterBook
 from sluicegate.gateway.routing.router import Router
 from sluicegate.gateway.settings import Settings
 from sluicegate.gateway.telemetry import start_server_span
 from sluicegate.gateway.usage.stream import UsageRecorder
+
+BATCH_LINE = "sluicegate.batch_line"
+"""The scope-state entry of a batch line run in process (``sluicegate.gateway.batches.dispatch``):
+set only there, never from a client's request."""
+
+
+@dataclass(slots=True)
+class BatchLineContext:
+    """A batch line run as a live request of the batch's key: the key (authenticated when the
+    batch was made, re-read since), the price multiplier of batch traffic, and the line's
+    ``Call``, which ``admit`` leaves here so the runner can read its usage and cost."""
+
+    key: ApiKeyRecord
+    price_multiplier: float
+    call: Any = None
+    settlement: Coroutine[Any, Any, None] | None = None
+    """An answered line's settlement, run by the runner once the line's result is stored: a
+    replica that dies between the two leaves a stored line whose lease a peer settles, rather
+    than a settled line that would run, and be billed, again."""
 
 
 def new_request_id() -> str:
@@ -84,4 +104,8 @@ async def authenticate(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRo
         state["server_span"] = start_server_span(
             f"{scope['method']} {scope['path']}", headers, now_ns
         )
+    line: BatchLineContext | None = state.get(BATCH_LINE)
+    if line is not None:
+        state["api_key"] = line.key
+        return
     state["api_key"] = await provide_api_key(connection)  # type: ignore[arg-type]

@@ -103,6 +103,25 @@ class Settings:
     """Delete stored Responses (``store``, which OpenAI's API defaults to true) created before
     00:00 UTC this many days ago, in small batches, from every replica; OpenAI keeps them 30
     days. 0 = keep them until deleted by ``DELETE /v1/responses/{id}``."""
+    max_file_bytes: int = 100 * 1024 * 1024
+    """Largest file ``POST /v1/files`` takes (a batch's input JSONL)."""
+    batch_file_store: str = "postgres"
+    """Where files' bytes live: ``postgres`` (the ``batch_files`` table) or ``s3``."""
+    batch_s3_endpoint_url: str = ""
+    """The S3-compatible store's URL (AWS: ``https://s3.<region>.amazonaws.com``); its
+    credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID``...)."""
+    batch_s3_bucket: str = ""
+    batch_s3_region: str = "us-east-1"
+    run_batch_runner: bool = True
+    """Run batch lines in this gateway process (any number of replicas may: lines are claimed
+    in PostgreSQL, each runs once)."""
+    batch_concurrency: int = 8
+    """Batch lines one replica runs at a time."""
+    batch_price_multiplier: float = 0.5
+    """Batch lines cost this fraction of the live price (OpenAI's batches are half price)."""
+    batch_claim_s: float = 30.0
+    """A running line's claim lasts this long unless renewed (every third of it); a replica
+    that died leaves its lines to others after it."""
     cooldown_failures: int = 3
     cooldown_s: float = 30.0
     upstream_retries: int = 1

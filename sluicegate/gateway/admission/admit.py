@@ -20,6 +20,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Span
 from redis.exceptions import RedisError
 
+from sluicegate.engine.protocol import BATCH_PRIORITY
 from sluicegate.gateway.call.call import Call
 from sluicegate.gateway.call.spans import start_admission_span, start_generation_span
 from sluicegate.gateway.canonical import ChatRequest
@@ -35,7 +36,7 @@ from sluicegate.gateway.keys.records import ApiKeyRecord
 from sluicegate.gateway.providers.base import ProviderError
 from sluicegate.gateway.routing.adapters import adapter_route
 from sluicegate.gateway.routing.router import ModelRoute
-from sluicegate.gateway.services import Services
+from sluicegate.gateway.services import BATCH_LINE, BatchLineContext, Services
 from sluicegate.gateway.telemetry import SPECULATIVE_DISPATCHES, child_context
 
 TEXT_COMPLETION_MAX_TOKENS = 16
@@ -137,6 +138,7 @@ async def admit(
     state = request.scope["state"]
     key: ApiKeyRecord = state["api_key"]
     request_id = state["request_id"]
+    batch_line: BatchLineContext | None = state.get(BATCH_LINE)
     # One span for auth + admission, begun when the guard began authenticating. Without
     # tracing no span is made at all (even a no-op one costs a context and a propagation).
     # The guard made the server span when, and only when, tracing is on: asking again would
@@ -178,12 +180,23 @@ async def admit(
         prompt_estimate = prompt_token_estimate(body)
         body.request_id = request_id
         body.deadline = time.time() + services.settings.request_timeout_s
+        if batch_line is not None:
+            # Our engines run batch lines only in capacity interactive requests leave.
+            body.priority = BATCH_PRIORITY
         limiter = services.limiter
         completion = max_tokens * body.sampling.n
         tokens = prompt_estimate + completion
         try:
             priced = await limiter.worst_case(route.name, prompt_estimate, completion)
-            if early is not None and limiter.may_dispatch_early(key.id, tokens, priced[1]):
+            if batch_line is not None and priced[0] is not None:
+                # Batch traffic's price: the reservation and the settled cost both use it.
+                price = priced[0].scaled(batch_line.price_multiplier)
+                priced = price, price.worst_case_micros(prompt_estimate, completion)
+            if (
+                early is not None
+                and batch_line is None
+                and limiter.may_dispatch_early(key.id, tokens, priced[1])
+            ):
                 if tracing:
                     span = _generation_span(services, parent, body, operation, route, max_tokens)
                 generation_started = time.perf_counter()
@@ -235,7 +248,7 @@ async def admit(
         _ADMITTED.inc()
     elif tracing:
         span = _generation_span(services, parent, body, operation, route, max_tokens)
-    return Call(
+    call = Call(
         services=services,
         key=key,
         route=route,
@@ -252,7 +265,11 @@ async def admit(
         prefetched=prefetch,
         generation_started=generation_started,
         adapter=route.adapter,
+        batch_line=batch_line,
     )
+    if batch_line is not None:
+        batch_line.call = call
+    return call
 
 
 def _generation_span(

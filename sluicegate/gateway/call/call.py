@@ -118,7 +118,10 @@ class Call(CallState):
         generated = self.first_token_at or time.perf_counter()
         self.status = "ok"
         added = (self.generation_started - self.started) + (time.perf_counter() - generated)
-        self.services.settle_soon(self._answered(added))
+        if self.batch_line is not None:
+            self.batch_line.settlement = self._answered(added)
+        else:
+            self.services.settle_soon(self._answered(added))
         return JSONBytes(content, headers=self.response_headers())
 
     async def _answered(self, added_latency: float) -> None:

@@ -25,17 +25,17 @@ logger = logging.getLogger(__name__)
 _SETTLE_ATTEMPTS = 4
 
 
-async def settle(call: CallState) -> None:
+def usage_event(call: CallState) -> UsageEvent:
+    """The call's usage record as of now: its real counts and cost, or what it delivered."""
     now = time.perf_counter()
     usage = call.billed()
-    billed_total = usage.prompt_tokens + usage.completion_tokens
     cost = call.admission.cost_micros(
         usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
     )
     ttft_ms = (
         (call.first_token_at - call.started) * 1000 if call.first_token_at is not None else None
     )
-    event = UsageEvent(
+    return UsageEvent(
         request_id=call.request_id,
         key_id=call.key.id,
         model=call.public_model,
@@ -53,6 +53,14 @@ async def settle(call: CallState) -> None:
         finished_at=time.time(),
         adapter=call.adapter,
     )
+
+
+async def settle(call: CallState) -> None:
+    event = usage_event(call)
+    usage = call.billed()
+    billed_total = event.prompt_tokens + event.completion_tokens
+    cost = event.cost_micros
+    ttft_ms = event.ttft_ms
     services = call.services
     settled = False
     for attempt in range(_SETTLE_ATTEMPTS):

@@ -14,7 +14,7 @@ from sluicegate.gateway.admission.limits import Admission
 from sluicegate.gateway.canonical import ChatRequest, Chunk, Usage
 from sluicegate.gateway.keys.records import ApiKeyRecord
 from sluicegate.gateway.routing.router import Deployment, ModelRoute
-from sluicegate.gateway.services import Services
+from sluicegate.gateway.services import BatchLineContext, Services
 
 
 @dataclass(slots=True)
@@ -51,6 +51,9 @@ class CallState:
     finished: bool = False
     adapter: str | None = None
     """The LoRA adapter (``base:adapter``) it runs with, for its usage record."""
+    batch_line: BatchLineContext | None = None
+    """Set when the request is a batch line run in process: its answer's settlement waits
+    until the runner has stored the line's result (``sluicegate.gateway.batches.runner``)."""
 
     def billed(self) -> Usage:
         """Real counts when known; else the prompt estimate plus what reached the client —

@@ -25,6 +25,8 @@ from sluicegate.gateway.settings import Settings
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _STORED_PREFIX = "/admin/"
+_FILE_UPLOAD = "/v1/files"
+"""Multipart uploads of batch input files: their own size limit, and not JSON."""
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _OPENERS = frozenset(b"[{")
@@ -163,6 +165,9 @@ async def check_body(request: Request[Any, Any, Any]) -> None:
             _refuse_nul(request, b"")
         return
     settings: Settings = request.app.state.settings
+    if scope["path"].rstrip("/") == _FILE_UPLOAD:
+        await read_body(request, settings.max_file_bytes)
+        return
     body = await read_body(request, settings.max_body_bytes)
     if settings.max_json_depth and json_depth_exceeds(body, settings.max_json_depth):
         field = deep_field(body, settings.max_json_depth)

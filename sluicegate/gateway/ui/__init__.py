@@ -21,6 +21,7 @@ from sluicegate.gateway.errors import OpenAIError
 from sluicegate.gateway.ui.adapters import AdaptersPages
 from sluicegate.gateway.ui.audit import AuditPages
 from sluicegate.gateway.ui.auth import SignInController
+from sluicegate.gateway.ui.batches import BatchPages
 from sluicegate.gateway.ui.common import FormError
 from sluicegate.gateway.ui.keys import KeysPages
 from sluicegate.gateway.ui.models import ModelsPages
@@ -99,6 +100,7 @@ def ui_router() -> Router:
             ModelsPages,
             AdaptersPages,
             AuditPages,
+            BatchPages,
             create_static_files_router(
                 path="/ui/static", directories=[STATIC], include_in_schema=False
             ),

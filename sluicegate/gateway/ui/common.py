@@ -24,6 +24,7 @@ NAV = (
     ("usage", "/ui/usage", "Usage"),
     ("models", "/ui/models", "Models"),
     ("adapters", "/ui/adapters", "Adapters"),
+    ("batches", "/ui/batches", "Batches"),
     ("audit", "/ui/audit", "Audit log"),
 )
 

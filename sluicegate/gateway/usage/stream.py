@@ -91,7 +91,8 @@ class UsageRecorder:
         pipeline.xadd(self._stream, {EVENT_FIELD: _encoder.encode(event)})
 
 
-def _row(event: UsageEvent) -> dict[str, Any]:
+def usage_row(event: UsageEvent) -> dict[str, Any]:
+    """The ``usage_records`` row of an event (``sluicegate.gateway.db.usage.insert_usage``)."""
     return {
         "request_id": event.request_id,
         "key_id": uuid.UUID(event.key_id),
@@ -343,7 +344,7 @@ def _decode_rows(entries: Sequence[Entry]) -> list[dict[str, Any]]:
     for entry_id, fields in entries:
         payload = fields.get(EVENT_FIELD, fields.get(EVENT_FIELD.decode()))
         try:
-            row = _row(_decoder.decode(payload))
+            row = usage_row(_decoder.decode(payload))
         except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
             logger.error("usage flusher: dropping malformed entry %s: %s", entry_id, exc)
             continue

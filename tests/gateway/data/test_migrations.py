@@ -37,6 +37,9 @@ TABLES = {
     "usage_rollup_changes",
     "stored_responses",
     "lora_adapters",
+    "batch_files",
+    "batches",
+    "batch_lines",
     *DERIVED_ROLLUPS,
 }
 
@@ -198,6 +201,9 @@ def test_0003_fills_the_derived_rollups_from_usage_daily_and_downgrades(
         "usage_rollup_changes",
         "stored_responses",
         "lora_adapters",
+        "batch_files",
+        "batches",
+        "batch_lines",
     }
     indexes = _execute(url, "SELECT indexname FROM pg_indexes WHERE tablename = 'usage_records'")
     assert {name for (name,) in indexes} == {

@@ -120,6 +120,7 @@ def wire_request(
         structured=_structured(request.output),
         chat_template_kwargs=_template_kwargs(request),
         lora=request.lora,
+        priority=request.priority,
     )
 
 
