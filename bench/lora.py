@@ -10,9 +10,12 @@ is served, side by side in one run, by:
   4 and 16 adapters (rank ``--rank`` on every attention and MLP projection), every step
   mixing them.
 
-The engines take turns round by round (the order rotating), each configuration's time is
-its best round, and throughput is generated tokens over the batch's wall time (prefill
-included). Adapters are made once with ``peft`` (non-zero B) and copied with other random
+Both engines run the same CPU linears (``--cpu-linears``, default the packed product: ``auto``
+would race each engine's on its own, and under load they can pick apart). The engines take
+turns round by round (the order rotating), each configuration's time is its best round, and
+throughput is generated tokens over the batch's wall time (prefill included). On a machine
+shared with other busy processes, ``--threads 1`` keeps an op from waiting on a descheduled
+thread. Adapters are made once with ``peft`` (non-zero B) and copied with other random
 weights. The last line is one JSON object: ``{config}_tok_s`` and ``{config}_vs_base``.
 """
 

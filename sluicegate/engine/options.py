@@ -70,6 +70,11 @@ class EngineOptions:
     max_cpu_loras: int | None = None
     lora_modules: dict[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        # Checked here, before any model loads.
+        if self.lora_modules and not self.max_loras:
+            raise ValueError("--lora-modules needs --max-loras of at least 1")
+
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":

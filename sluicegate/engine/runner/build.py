@@ -36,10 +36,6 @@ def load_engine_model(
 ) -> tuple[Model, LoraManager | None]:
     """The model (with ``tp``, this rank's shard) with its linears chosen, and its LoRA
     slots when ``max_loras`` > 0."""
-    if options.lora_modules and not options.max_loras:
-        raise ValueError("--lora-modules needs --max-loras of at least 1")
-    if options.max_loras and options.tensor_parallel_size > 1:
-        raise ValueError("LoRA adapters (--max-loras) are not served with tensor parallelism yet")
     loaded = load_model(model, device, options.dtype, options.model_impl, tp)
     loras = None
     if options.max_loras:

@@ -111,3 +111,8 @@ def test_start_up_adapters_need_lora_on(model_dirs: dict[str, Path], good_adapte
             model_dirs["llama"],
             EngineOptions(dtype="float32", num_kv_blocks=32, lora_modules={"a": str(good_adapter)}),
         )
+
+
+def test_lora_with_tensor_parallelism_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not served with tensor parallelism yet"):
+        EngineCore(tmp_path / "never-read", EngineOptions(max_loras=2, tensor_parallel_size=2))
