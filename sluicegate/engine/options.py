@@ -56,6 +56,9 @@ class EngineOptions:
     # "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     # (sluicegate.engine.spec.config); None: off.
     speculative_config: dict[str, Any] | None = None
+    # Note every block entering and leaving the prefix cache, for the worker to publish
+    # (KV events, docs/kv-events.md); off for offline use, where nobody takes them.
+    kv_events: bool = False
 
 
 def resolve_device(name: str) -> torch.device:

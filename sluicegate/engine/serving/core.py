@@ -17,7 +17,7 @@ from sluicegate.engine.core.scheduler_output import ScheduledSequence, Scheduler
 from sluicegate.engine.core.sequence import Sequence
 from sluicegate.engine.models.gguf import checkpoint_folder
 from sluicegate.engine.options import EngineOptions, resolve_device
-from sluicegate.engine.protocol import Usage
+from sluicegate.engine.protocol import KvEvent, Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
@@ -78,6 +78,8 @@ class EngineCore:
                 max_waiting=options.max_waiting,
             )
         )
+        if options.kv_events:
+            self.scheduler.block_manager.record_events()
         self.sampler = Sampler(self.device, options.seed, max_rows=options.max_num_seqs)
         self.eos_token_ids = self.tokenizer.eos_token_ids | set(config.eos_token_ids)
         template = self.tokenizer.chat_template
@@ -458,6 +460,10 @@ class EngineCore:
         return delta
 
     # -- state ------------------------------------------------------------------------------
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """The prefix cache's changes since the last call (none unless ``options.kv_events``)."""
+        return self.scheduler.block_manager.take_events()
 
     def stats(self) -> dict[str, Any]:
         stats = self.scheduler.stats()

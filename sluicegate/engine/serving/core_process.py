@@ -156,9 +156,10 @@ class CoreLoop:
                 failed.append(channel.RequestFailed(request_id, message, "failed"))
         stats = core.stats()
         stats["num_pending"] = len(self.pending)
+        kv_events = core.take_kv_events()
         # A step that changed nothing (say, nothing fit in the cache) sends nothing.
-        if deltas or failed or self.added or stats != self._sent_stats:
-            self._send(channel.StepOutput(deltas, failed, stats, self.added))
+        if deltas or failed or self.added or kv_events or stats != self._sent_stats:
+            self._send(channel.StepOutput(deltas, failed, stats, self.added, kv_events))
             self._sent_stats = stats
             self.added = 0
 

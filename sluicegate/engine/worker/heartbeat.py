@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluicegate.engine import protocol
+from sluicegate.engine.kv_events.publisher import KvEventPublisher
 from sluicegate.engine.worker.liveness import LivenessThread
 from sluicegate.engine.worker.metrics import WorkerMetrics
 from sluicegate.engine.worker.options import WORKER_VERSION, WorkerOptions
@@ -39,6 +40,7 @@ class Heartbeats:
         self.server = server
         self.liveness = liveness
         self.draining = draining
+        self.kv_events: KvEventPublisher | None = None
 
     async def run(self) -> None:
         interval = self.options.heartbeat_interval_s
@@ -84,6 +86,8 @@ class Heartbeats:
             queue_ms=queue_ms(load),
             thinking=bool(stats.get("thinking")),
             spec_acceptance_rate=float(stats.get("spec_acceptance_rate", 0.0) or 0.0),
+            kv_events=self.kv_events is not None and self.kv_events.started,
+            tokenizer_digest=self.kv_events.tokenizer_digest if self.kv_events is not None else "",
         )
 
 
