@@ -13,6 +13,8 @@ from pathlib import Path
 from sluicegate.engine import protocol
 from sluicegate.engine.core.block_manager import compute_block_hashes
 from sluicegate.engine.kv_events.prompt_tokens import PromptTokenizer
+from sluicegate.engine.sample.params import SamplingParams
+from sluicegate.engine.serving.async_engine import AsyncEngine
 from sluicegate.gateway.providers.engine.kv_index import KvIndex
 from sluicegate.gateway.providers.engine.workers import EngineWorkers
 from tests.engine.worker.worker_harness import WorkerHarness, kv_worker, redis_for_test
@@ -126,3 +128,26 @@ async def test_the_gateway_hashes_a_chat_request_as_the_worker_does(
             await harness.send(request)
             await harness.replies(request.request_id)
             assert set(hashes) <= cached(harness)
+
+
+async def test_events_cross_from_an_engine_core_process(llama_dir: Path) -> None:
+    """With the core in its own process, each step's events come over its pipe in order."""
+    engine = AsyncEngine(llama_dir, num_kv_blocks=32, kv_events=True, core_process=True)
+    events: list[protocol.KvEvent] = []
+    engine.on_kv_events = events.extend
+    await engine.start()
+    try:
+        prompt = [(7 * i) % 290 + 3 for i in range(50)]
+        params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        outputs = [
+            d async for d in engine.add_request("p1", prompt_token_ids=prompt, params=params)
+        ]
+    finally:
+        await engine.shutdown()
+    generated = [t for d in outputs for t in d.token_ids]
+    # Every computed full block (the last output token is never computed), in chain order.
+    computed = (prompt + generated)[: len(prompt) + len(generated) - 1]
+    stored = [e for e in events if isinstance(e, protocol.KvBlockStored)]
+    assert [e.block_hash for e in stored] == compute_block_hashes(computed, BLOCK_SIZE)
+    assert [e.parent_hash for e in stored] == [None, *(e.block_hash for e in stored[:-1])]
+    assert all(len(e.token_ids) == BLOCK_SIZE for e in stored)
