@@ -197,12 +197,12 @@ async def run_policy(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--conversations", type=int, default=16)
+    parser.add_argument("--conversations", type=int, default=24)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--system-chars", type=int, default=400)
     parser.add_argument("--user-chars", type=int, default=120)
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--kv-blocks", type=int, default=96, help="per worker")
+    parser.add_argument("--kv-blocks", type=int, default=160, help="per worker")
     parser.add_argument("--concurrency", type=int, default=8, help="conversations at once")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument(

@@ -74,7 +74,7 @@ async def test_a_request_goes_to_the_worker_with_its_longest_prefix(
                     await router.index.read_once()
             assert len(blocks) == 6
             load = provider.workers.load(workers)
-            assert router.pick(blocks, workers, load) == "w1"
+            assert await router.pick(blocks, workers, load) == "w1"
             other = protocol.Request(
                 request_id="other",
                 model=model,
@@ -82,7 +82,7 @@ async def test_a_request_goes_to_the_worker_with_its_longest_prefix(
             )
             other_blocks = await router.block_hashes(other, workers)
             assert other_blocks is not None
-            assert router.pick(other_blocks, workers, load) is None  # both hold 2 blocks
+            assert await router.pick(other_blocks, workers, load) is None  # both hold 2
 
             before = hits(w1), hits(w2)
             request = ChatRequest(

@@ -97,7 +97,10 @@ async def kv_worker(
     """A worker publishing KV events (a snapshot every 0.2 s) with a small cache."""
     engine = AsyncEngine(model_dir, num_kv_blocks=num_kv_blocks, kv_events=True)
     await engine.start()
-    worker = Worker(engine, redis, WorkerOptions(model_name=model, worker_id=worker_id))
+    # A long heartbeat TTL: a loaded test machine must not make the worker look gone (its
+    # index would be dropped and built afresh, hiding what a test watches).
+    options = WorkerOptions(model_name=model, worker_id=worker_id, heartbeat_ttl_s=30.0)
+    worker = Worker(engine, redis, options)
     assert worker.kv_events is not None
     worker.kv_events.snapshot_interval_s = 0.2
     stop = asyncio.Event()

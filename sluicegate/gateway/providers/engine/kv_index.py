@@ -1,7 +1,9 @@
 """Each engine worker's prefix cache as the gateway knows it, followed from the worker's KV
 events (``sluicegate.engine.kv_events``; docs/kv-events.md).
 
-One task per provider reads every publishing worker's event stream with one blocking XREAD.
+One task per provider reads every publishing worker's event stream with one blocking XREAD,
+and routing reads once more, without blocking, right before each decision (so it sees what
+was published up to then); each entry is applied once, whoever read it first.
 A worker's index is *synced* while the batches it read are consecutive (same ``epoch``,
 ``seq`` one more each time); a gap (a trimmed stream, a reader that fell behind, a lost
 batch) or a new epoch that does not start at 0 unsyncs it, and it syncs again from the
@@ -46,7 +48,10 @@ class WorkerIndex:
     """Times this index lost track (and resynced or waits to)."""
 
     def take(self, entry_id: str, batch: protocol.KvEventBatch) -> None:
-        """One stream entry, in stream order."""
+        """One stream entry, in stream order; one read already (by a concurrent reader) is
+        skipped."""
+        if _entry_order(entry_id) <= _entry_order(self.after):
+            return
         self.after = entry_id
         if batch.epoch != self.epoch and batch.seq == 0:
             # A worker (re)start: its cache begins empty, and so does our view of it.
@@ -148,6 +153,11 @@ class KvIndex:
         snapshot = _decode({protocol.MESSAGE_FIELD: raw}) if raw is not None else None
         if isinstance(snapshot, protocol.KvSnapshot):
             index.load(snapshot)
+
+
+def _entry_order(entry_id: str) -> tuple[int, int]:
+    milliseconds, _, sequence = entry_id.partition("-")
+    return int(milliseconds), int(sequence or 0)
 
 
 def _decode(fields: dict[Any, Any]) -> protocol.KvMessage | None:

@@ -101,10 +101,16 @@ class KvRouter:
         reusable = (len(ids) - 1) // block_size * block_size
         return compute_block_hashes(ids[:reusable], block_size)
 
-    def pick(
+    async def pick(
         self, hashes: list[int], workers: dict[str, protocol.Heartbeat], load: dict[str, int]
     ) -> str | None:
-        """The worker to send the request to (None: the shared stream)."""
+        """The worker to send the request to (None: the shared stream), by the caches as
+        published up to now: the events since the follower's last read are read first (one
+        round trip, in place of text affinity's lookup)."""
+        try:
+            await self.index.read_synced(block_ms=None)
+        except (RedisError, OSError, TimeoutError):
+            pass  # the follower finds Redis down too and unsyncs the indexes
         prefix = {}
         for worker in workers:
             index = self.index.synced(worker)

@@ -153,7 +153,7 @@ class EngineProvider:
         blocks = await self.kv_routing.block_hashes(message, workers)
         if blocks is None:
             return await self.workers.pick_stream(hashes, workers)
-        worker = self.kv_routing.pick(blocks, workers, self.workers.load(workers))
+        worker = await self.kv_routing.pick(blocks, workers, self.workers.load(workers))
         if worker is None:
             return protocol.request_stream(self.model)
         return protocol.worker_stream(self.model, worker)
