@@ -15,7 +15,6 @@ skip the batches it already covers. A worker that restarted starts a new epoch a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,8 +93,8 @@ class KvIndex:
     async def aclose(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Bounded: a connection torn down mid-XREAD must not hold up the provider's close.
+            await asyncio.wait({self._task}, timeout=2.0)
 
     def synced(self, worker_id: str) -> WorkerIndex | None:
         index = self.indexes.get(worker_id)
