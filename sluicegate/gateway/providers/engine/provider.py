@@ -2,8 +2,9 @@
 
 A request is XADDed to the model's stream (read by the workers' consumer group) or, when a
 live and not overloaded worker holds the request's prompt prefix in its KV cache (as its KV
-events say: kv_routing.py) or, where workers publish none, served the same prompt
-prefix recently, to that worker's own stream. Deltas come back on this provider's reply stream (one reader for all its requests).
+events say: kv_routing.py) or, where workers publish none, served the same prompt prefix
+recently, to that worker's own stream. Deltas come back on this provider's reply stream (one
+reader for all its requests).
 The provider never waits blindly: every request has a deadline, a first-token timeout, and a
 watch on the heartbeat of the worker serving it. When the client goes away the worker is told
 to abort (pub/sub) and a request nobody picked up yet is deleted from its stream.
