@@ -13,7 +13,12 @@ checkpoint). It reports:
 - ``concurrent_tok_s``: output tokens/s of 256 concurrent requests of 1,024 prompt and 128
   output tokens through ``LLM.generate`` (compiled, CUDA graphs; ``--enforce-eager`` not);
 - ``hf_static_tok_s``: transformers ``generate`` on the same requests in static batches;
-- ``kernels``: the summary line of ``bench/kernels.py``.
+- ``kernels``: the summary line of ``bench/kernels.py``;
+- with ``--cases``, more ways to serve the same weights, each with its single-stream and
+  concurrent tokens/s: ``tp`` (split over every GPU of the machine, ``tensor_parallel_size``;
+  skipped with one GPU), ``fp8`` and ``int4`` (compressed-tensors' ``FP8_DYNAMIC`` and
+  ``W4A16`` checkpoints of the weights, made by its own compressor on the host: minutes at
+  this size). These write the weights to disk first (the ranks and the compressor read files).
 
 The last line is one JSON object. ``--dry-run`` runs every part on a tiny model on the CPU
 (eager, float32, kernels skipped) to check the script itself; its figures mean nothing.
@@ -117,7 +122,11 @@ def engine_from_memory(folder: Path, hf_model: Any, options: dict[str, Any]) -> 
     from sluicegate.engine.models.loader import ModelConfig, model_class, resolve_dtype
 
     def load_from_memory(
-        path: str | Path, device: torch.device, dtype: Any = "auto", model_impl: str = "native"
+        path: str | Path,
+        device: torch.device,
+        dtype: Any = "auto",
+        model_impl: str = "native",
+        tp: Any = None,
     ) -> Any:
         config = ModelConfig.from_folder(path)
         config.dtype = resolve_dtype(dtype, config, device)
@@ -207,6 +216,67 @@ def hf_static_tok_s(model: Any, prompts: list[list[int]], output: int, batch: in
     return output * len(prompts) / (time.perf_counter() - began)
 
 
+CASES = ("tp", "fp8", "int4")
+
+
+def layout_figures(
+    cases: list[str],
+    hf_model: Any,
+    options: dict[str, Any],
+    shape: Shape,
+    prompts: list[list[int]],
+    dry_run: bool,
+) -> dict[str, Any]:
+    """Single-stream and concurrent tokens/s of the same weights split over the GPUs or
+    quantized, each case an engine of its own loading a checkpoint from disk."""
+    import shutil
+
+    from sluicegate.engine import LLM
+    from tests.engine.models.quant.checkpoints import compress
+
+    figures: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        dense = Path(tmp) / "dense"
+        hf_model.save_pretrained(dense)
+        write_folder(dense, hf_model.config, next(hf_model.parameters()).dtype)
+        for case in cases:
+            case_options = dict(options)
+            folder = dense
+            if case == "tp":
+                ranks = 2 if dry_run else torch.cuda.device_count()
+                if ranks < 2:
+                    figures[case] = {"skipped": "tensor parallelism needs 2 or more GPUs"}
+                    continue
+                case_options["tensor_parallel_size"] = ranks
+                # Each rank sizes its own cache; the whole step runs eagerly under TP.
+                case_options["enforce_eager"] = True
+            else:
+                folder = Path(tmp) / case
+                preset = "FP8_DYNAMIC" if case == "fp8" else "W4A16"
+                compress(
+                    dense, folder, preset, group_size=64 if dry_run and case == "int4" else None
+                )
+                for file in dense.iterdir():
+                    if not (folder / file.name).exists():
+                        shutil.copy(file, folder / file.name)
+            llm = LLM(str(folder), **case_options)
+            try:
+                single = single_stream_tok_s(llm, prompts[0][:128], shape.output // 4, shape.output)
+                concurrent = concurrent_tok_s(llm, prompts, shape.output)
+            finally:
+                llm.close()
+            figures[case] = {
+                "single_stream_tok_s": round(single, 1),
+                "concurrent_tok_s": round(concurrent, 1),
+                **({"ranks": case_options["tensor_parallel_size"]} if case == "tp" else {}),
+            }
+            del llm
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return figures
+
+
 def kernel_figures(dry_run: bool) -> dict[str, Any] | None:
     if dry_run:
         return None
@@ -231,7 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="tiny model on the CPU")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--cases",
+        default="",
+        help=f"comma-separated extra cases among {', '.join(CASES)} (default: none)",
+    )
     args = parser.parse_args(argv)
+    cases = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(cases) - set(CASES))
+    if unknown:
+        parser.error(f"unknown cases: {', '.join(unknown)}")
     if not args.dry_run and not torch.cuda.is_available():
         print(json.dumps({"error": "bench/gpu.py needs a CUDA GPU; --dry-run checks it on CPU"}))
         return 2
@@ -288,6 +367,11 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()  # the engine's KV cache and graph pool, before transformers runs
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if cases:
+            result["cases"] = layout_figures(
+                cases, hf_model, options, shape, prompt_lists, args.dry_run
+            )
+            progress(f"cases: {result['cases']}")
         result["hf_static_tok_s"] = round(
             hf_static_tok_s(hf_model, prompt_lists, shape.output, shape.hf_batch), 1
         )

@@ -56,6 +56,12 @@ class EngineOptions:
     # "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     # (sluicegate.engine.spec.config); None: off.
     speculative_config: dict[str, Any] | None = None
+    # Ranks the model is split over (sluicegate.engine.parallel.ranks): processes on
+    # this machine, one per GPU on CUDA; on the CPU they share its cores.
+    tensor_parallel_size: int = 1
+    # "auto" (the model's dtype), or "fp8" / "fp8_e4m3" / "fp8_e5m2": a byte per cached value,
+    # twice bf16's tokens in the same memory (sluicegate.engine.runner.attention).
+    kv_cache_dtype: str = "auto"
     # Note every block entering and leaving the prefix cache, for the worker to publish
     # (KV events, docs/kv-events.md); off for offline use, where nobody takes them.
     kv_events: bool = False

@@ -405,6 +405,12 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     spec_acceptance_rate: float = 0.0
     """Share of speculative draft tokens the model accepted since the worker started (0:
     speculative decoding off, or nothing proposed yet)."""
+    tensor_parallel_size: int = 1
+    dtype: str = ""
+    """The model's activation dtype (``bfloat16``...); empty from a worker before version 6."""
+    weight_dtype: str = ""
+    """How the weights are held: the dtype, or ``fp8`` / ``int4`` for a quantized checkpoint."""
+    kv_cache_dtype: str = ""
     max_loras: int = 0
     """Adapters one step can mix (``--max-loras``); 0: LoRA off, never send it ``lora``."""
     max_lora_rank: int = 0

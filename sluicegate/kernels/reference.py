@@ -23,6 +23,10 @@ __all__ = ["paged_attention", "store_kv"]
 DECODE_GROUPS = 4
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+"""KV-cache dtypes held at one byte (``--kv-cache-dtype fp8``); read back as fp32 like the rest."""
+
+
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -39,7 +43,11 @@ def store_kv(
         keep = slots >= 0
         slots, key, value = slots[keep], key[keep], value[keep]
     for source, cache in ((key, k_cache), (value, v_cache)):
+        # Rounding to fp8 saturates at the format's largest value (no infinities in e4m3).
         source = source.to(cache.dtype)
+        if cache.dtype in FP8_DTYPES:
+            # CPU index_copy_ has no fp8 kernel: the same bytes, copied as uint8.
+            source, cache = source.view(torch.uint8), cache.view(torch.uint8)
         if cache.is_contiguous():
             # The cache as one row per slot: a row copy per token (index_copy_) rather than
             # a two-index scatter, several times faster on the CPU.

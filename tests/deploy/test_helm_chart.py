@@ -139,6 +139,11 @@ def test_gpu_requests_land_on_engine_pods_only(
 
     assert gpus(one(required_manifests, "Deployment", ENGINE)) == (1, 1)
     assert gpus(one(all_manifests, "Deployment", ENGINE)) == (2, 2)
+    # Two GPUs in one pod: the worker splits the model over them; one GPU, no flag.
+    assert (
+        "--tensor-parallel-size"
+        not in pod_spec(one(required_manifests, "Deployment", ENGINE))["containers"][0]["args"]
+    )
     # An entry asking for 0 GPUs runs on the CPU, with no GPU request at all.
     assert gpus(one(all_manifests, "Deployment", CPU_ENGINE)) == (None, None)
     for workload in workloads(all_manifests):
@@ -161,6 +166,7 @@ def test_engine_pod_carries_model_flags_scheduling_shm_and_drain_time(
     assert flags["--max-model-len"] == "16384"
     assert flags["--metrics-port"] == "9100"
     assert flags["--max-num-seqs"] == "256"
+    assert flags["--tensor-parallel-size"] == "2"
     # The Redis URL reaches the flag through Kubernetes' $(VAR) expansion of a secret env var.
     assert flags["--redis-url"] == "$(SLUICEGATE_REDIS_URL)"
     assert "secretKeyRef" in env_of(container)["SLUICEGATE_REDIS_URL"]["valueFrom"]

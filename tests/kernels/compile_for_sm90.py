@@ -28,6 +28,7 @@ from sluicegate.kernels.triton_paged_attention import (
     _paged_attention_kernel,
     plan_tiles,
 )
+from sluicegate.kernels.triton_quant_linear import _quant_linear_kernel
 from sluicegate.kernels.triton_store_kv import _store_kv_kernel
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -145,6 +146,29 @@ def main() -> None:
             },
         )
         print(f"store_kv {element} kv_heads={num_kv_heads} head_dim={head_dim}: ok")
+
+    for bits, fp8 in [(8, True), (4, False), (8, False)]:
+        types = {name: "i32" for name in _quant_linear_kernel.arg_names}
+        types.update(
+            x_ptr="*bf16", codes_ptr="*u8", zeros_ptr="*u8", scales_ptr="*fp32", out_ptr="*bf16"
+        )
+        kernel = compile_kernel(
+            _quant_linear_kernel,
+            types,
+            {
+                "GROUP": 128,
+                "BITS": bits,
+                "FP8": fp8,
+                "DOT_FP32": False,
+                "BLOCK_M": 16,
+                "BLOCK_N": 64,
+                "BLOCK_K": 32,
+            },
+        )
+        name = f"quant_linear bf16 {'fp8' if fp8 else f'int{bits}'}"
+        if "mma" not in kernel.asm["ptx"]:
+            sys.exit(f"{name}: no tensor-core instructions in the PTX")
+        print(f"{name}: ok")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluicegate.engine.parallel.shard import TensorParallel, reduce_partial_sums
 from sluicegate.kernels import cpu_ops
 
 
@@ -127,8 +128,12 @@ class GatedMLP(nn.Module):
         # Set where gate_up_proj was swapped for a kernel that returns silu(gate) * up itself
         # (sluicegate.engine.models.cpu_linears: the packed CPU product).
         self.gate_up_applies_activation = False
+        self.tp: TensorParallel | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reduce_partial_sums(self._partial(x), self.tp)
+
+    def _partial(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.gate_up_applies_activation:
             return self.down_proj(gate_up)

@@ -16,6 +16,12 @@ from torch import nn
 from sluicegate.engine.models.config import ModelConfig
 from sluicegate.engine.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
 from sluicegate.engine.models.quant.linear import QuantizedProjection
+from sluicegate.engine.parallel.shard import (
+    TensorParallel,
+    embed,
+    gather_logits,
+    reduce_partial_sums,
+)
 from sluicegate.engine.runner.attention import AttentionMetadata, PagedAttention
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
@@ -36,6 +42,7 @@ class LlamaAttention(nn.Module):
         self.attn = PagedAttention(
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
         )
+        self.tp: TensorParallel | None = None
 
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hook for architectures that normalise queries and keys per head (Qwen3)."""
@@ -52,7 +59,7 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         out = self.attn(q, k, v, meta)
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return reduce_partial_sums(self.o_proj(out.reshape(tokens, self.q_size)), self.tp)
 
 
 class DecoderLayer(nn.Module):
@@ -93,11 +100,12 @@ class DecoderModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.tp: TensorParallel | None = None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        x = embed(self.embed_tokens.weight, input_ids, self.tp)
         cos_sin = self.rotary.cos_sin(positions, x.dtype)
         residual = None
         for layer in self.layers:
@@ -126,6 +134,21 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.tp: TensorParallel | None = None
+
+    def shard(self, tp: TensorParallel) -> None:
+        """Make this (still unloaded, ``local_config``-built) model one rank of ``tp``: its
+        vocabulary's run in the embedding and LM head, and the collectives in its forward;
+        ``load_weights`` then takes this rank's slice of every checkpoint tensor."""
+        vocab, hidden = len(tp.plan.vocab), self.config.hidden_size
+        device, dtype = self.lm_head.weight.device, self.lm_head.weight.dtype
+        self.model.embed_tokens = nn.Embedding(vocab, hidden, device=device, dtype=dtype)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False, device=device, dtype=dtype)
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tp = self.model.tp = tp
+        for layer in self.model.layers:
+            layer.self_attn.tp = layer.mlp.tp = tp
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -133,7 +156,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        return gather_logits(self.lm_head(hidden), self.tp)
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]
@@ -167,6 +190,8 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(
                     f"checkpoint tensor {name!r} has no place in {type(self).__name__}"
                 )
+            if self.tp is not None:
+                tensor = self.tp.plan.shard(target, part, tensor)
             sizes = self._parts(target)
             destination = params[target]
             if len(sizes) > 1:

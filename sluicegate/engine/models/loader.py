@@ -15,6 +15,7 @@ from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.models.quant.apply import quantize_projections
 from sluicegate.engine.models.quant.scheme import UnsupportedQuantizationError, parse_quantization
 from sluicegate.engine.models.qwen3 import Qwen3ForCausalLM
+from sluicegate.engine.parallel.shard import ShardPlan, TensorParallel
 from sluicegate.kernels import cpu_build
 
 if TYPE_CHECKING:
@@ -86,12 +87,20 @@ def choose_impl(raw_config: dict[str, Any], model_impl: str) -> str:
     return "native" if has_native(raw_config) else "transformers"
 
 
+def shard_plan(path: Path, rank: int, size: int) -> ShardPlan:
+    """Rank ``rank``'s slice of the checkpoint at ``path`` over ``size`` ranks."""
+    raw = json.loads((Path(path) / "config.json").read_text())
+    return ShardPlan.for_rank(ModelConfig.from_dict(raw), rank, size)
+
+
 def load_model(
     path: str | Path,
     device: torch.device,
     dtype: str | torch.dtype = "auto",
     model_impl: str = "auto",
+    tp: TensorParallel | None = None,
 ) -> LlamaForCausalLM | TransformersCausalLM:
+    """The checkpoint at ``path`` on ``device``; with ``tp``, this rank's shard of it."""
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -99,6 +108,12 @@ def load_model(
     raw = json.loads(config_file.read_text())
     impl = choose_impl(raw, model_impl)
     logger.info("%s: the %s implementation (model_impl=%s)", path.name, impl, model_impl)
+    if tp is not None and (impl == "transformers" or raw.get("quantization_config")):
+        what = "the transformers backend" if impl == "transformers" else "quantized checkpoints"
+        raise UnsupportedModelError(
+            f"{path.name}: tensor parallelism serves unquantized checkpoints of the native "
+            f"models ({', '.join(ARCHITECTURES)}), not {what}"
+        )
     if impl == "transformers":
         quantization = raw.get("quantization_config")
         if quantization:
@@ -123,7 +138,11 @@ def load_model(
     config.dtype = resolve_dtype(dtype, config, device)
     # Built on the meta device: no time spent on random init of weights about to be replaced.
     with torch.device("meta"):
-        model = cls(config)
+        if tp is None:
+            model = cls(config)
+        else:
+            model = cls(tp.plan.local_config(config))
+            model.shard(tp)
     model = model.to(dtype=config.dtype)
     try:
         scheme = parse_quantization(raw.get("quantization_config"))
@@ -132,6 +151,7 @@ def load_model(
             count = quantize_projections(
                 model, scheme, checkpoint_names(path), model.projection_parts
             )
+            model.weight_dtype = "fp8" if scheme.is_fp8 else f"int{scheme.bits}"
             logger.info(
                 "%s: quantized checkpoint, %d projections: %s",
                 path.name,

@@ -20,6 +20,30 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
+KV_CACHE_DTYPES = {
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """``--kv-cache-dtype``: ``auto`` keeps the model's dtype; ``fp8`` (e4m3) and ``fp8_e5m2``
+    hold a byte per value, so the same memory holds twice bf16's tokens. An fp8 cache holds the
+    values themselves, rounded (a scale of 1, vLLM's default without calibrated scales), and
+    the attention reads them back into float32."""
+    if name == "auto":
+        return model_dtype
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype {name!r} is not supported (choose auto, {', '.join(KV_CACHE_DTYPES)})"
+        )
+    return KV_CACHE_DTYPES[name]
+
+
 BACKENDS = ("triton", "cpu", "torch")
 BACKEND_ENV = "SLUICEGATE_ATTENTION_BACKEND"
 

@@ -13,6 +13,8 @@ from sluicegate.engine.models import load_model
 from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.options import EngineOptions
+from sluicegate.engine.parallel.shard import TensorParallel
+from sluicegate.engine.runner.attention import resolve_kv_cache_dtype
 from sluicegate.engine.runner.model_runner import ModelRunner
 from sluicegate.kernels import cpu_ops
 
@@ -24,8 +26,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def load_engine_model(model: str | Path, device: torch.device, options: EngineOptions) -> Model:
-    loaded = load_model(model, device, options.dtype, options.model_impl)
+def load_engine_model(
+    model: str | Path,
+    device: torch.device,
+    options: EngineOptions,
+    tp: TensorParallel | None = None,
+) -> Model:
+    loaded = load_model(model, device, options.dtype, options.model_impl, tp)
     # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
     compiling = options.cpu_compile and not options.enforce_eager
     if not compiling:
@@ -57,8 +64,9 @@ def build_runner(
     model: Model, device: torch.device, options: EngineOptions, max_model_len: int
 ) -> ModelRunner:
     # The native models only: the transformers backend reads sequence lengths on the
-    # host inside its forward, which neither a CUDA graph nor Dynamo can hold.
-    compilable = isinstance(model, LlamaForCausalLM)
+    # host inside its forward, which neither a CUDA graph nor Dynamo can hold. Nor under
+    # tensor parallelism, whose other ranks run each step eagerly, as rank 0 sends it.
+    compilable = isinstance(model, LlamaForCausalLM) and options.tensor_parallel_size == 1
     return ModelRunner(
         model,
         device,
@@ -74,4 +82,5 @@ def build_runner(
         and not options.enforce_eager
         and (device.type == "cuda" or options.cpu_compile),
         cuda_graphs=compilable and not options.enforce_eager and device.type == "cuda",
+        kv_cache_dtype=resolve_kv_cache_dtype(options.kv_cache_dtype, model.config.dtype),
     )

@@ -14,8 +14,10 @@ from sluicegate.engine.runner.attention import AttentionMetadata, load_backend
 from sluicegate.engine.runner.compilation import compile_model as compile_model_forward
 from sluicegate.engine.runner.compilation import register_layers, step_metadata, warm_compiled
 from sluicegate.engine.runner.cuda_graphs import DecodeGraphs
+from sluicegate.engine.runner.hooks import KVMirror, StepFollowers
 from sluicegate.engine.runner.input_batch import InputBatch, StepArrays
 from sluicegate.engine.runner.staging import PinnedStaging
+from sluicegate.kernels.reference import FP8_DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -40,10 +42,15 @@ class ModelRunner:
         attention_backend: str | None = None,
         compile_model: bool = False,
         cuda_graphs: bool = False,
+        kv_cache_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         self.config = model.config
         self.device = device
+        self.kv_cache_dtype = kv_cache_dtype or model.config.dtype
+        if self.kv_cache_dtype in FP8_DTYPES and device.type == "cuda":
+            # The Triton kernels read a cache of the model's dtype; the reference reads any.
+            attention_backend = "torch"
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -52,6 +59,9 @@ class ModelRunner:
         self._forward = model.forward
         self.last_step: StepArrays | None = None
         self._pending_tokens = torch.zeros(0, dtype=torch.int64, device=device)
+        self.mirror: KVMirror | None = None
+        self.ranks: StepFollowers | None = None
+        """Tensor parallelism, on rank 0: the other ranks, sent every step before it runs."""
         self.num_kv_blocks = self._plan_num_blocks(
             num_kv_blocks, kv_cache_memory, gpu_memory_utilization
         )
@@ -60,7 +70,7 @@ class ModelRunner:
             "KV cache: %d blocks of %d tokens in %s, %.0f MiB",
             self.num_kv_blocks,
             block_size,
-            str(self.config.dtype).removeprefix("torch."),
+            str(self.kv_cache_dtype).removeprefix("torch."),
             self.num_kv_blocks * self.kv_bytes_per_block / 2**20,
         )
         self.input_batch = InputBatch(
@@ -101,6 +111,18 @@ class ModelRunner:
             )
             self.graphs.capture()
 
+    def resize_kv_cache(self, num_blocks: int) -> None:
+        if num_blocks != self.num_kv_blocks:
+            logger.info("KV cache: %d blocks, as every tensor-parallel rank holds", num_blocks)
+            self.num_kv_blocks = num_blocks
+            self.kv_cache = self._allocate_kv_cache(num_blocks)
+
+    def attach_draft(self, mirror: KVMirror) -> None:
+        """From now on every step also runs ``mirror`` on its inputs. Steps then run eagerly:
+        a captured CUDA graph would replay the target alone."""
+        self.mirror = mirror
+        self.graphs = None
+
     def _warm_up_kernels(self) -> None:
         """Every Triton attention variant this model can launch (decode, prefill, each
         split-KV count) compiled now, not mid-serving; the model's dummy steps below
@@ -125,7 +147,7 @@ class ModelRunner:
     @property
     def kv_bytes_per_block(self) -> int:
         c = self.config
-        element = torch.empty((), dtype=c.dtype).element_size()
+        element = torch.empty((), dtype=self.kv_cache_dtype).element_size()
         per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * element
         return per_token * self.block_size
 
@@ -229,7 +251,7 @@ class ModelRunner:
             self.block_size,
             c.num_key_value_heads,
             c.head_dim,
-            dtype=c.dtype,
+            dtype=self.kv_cache_dtype,
             device=self.device,
         )
         # zero_() rather than torch.zeros: it touches every page now, not on first use mid-run.
@@ -246,7 +268,11 @@ class ModelRunner:
             return
         src = torch.tensor([s for s, _ in copies], dtype=torch.long, device=self.device)
         dst = torch.tensor([d for _, d in copies], dtype=torch.long, device=self.device)
+        if self.ranks is not None:
+            self.ranks.send(("copy", copies))
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+        if self.mirror is not None:
+            self.mirror.copy_blocks(src, dst)
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -260,9 +286,14 @@ class ModelRunner:
             return self.graphs.replay(step, size, self._fill_pending).float()
         ids, positions, meta, sample_rows = self._device_inputs(step)
         self._fill_pending(ids, step)
+        samples_some = len(step.sample_rows) != len(step.input_ids)
+        if self.ranks is not None:
+            self.ranks.send_step(ids, positions, meta, sample_rows if samples_some else None)
         with step_metadata(meta):
             hidden = self._forward(ids, positions, meta)
-        if len(step.sample_rows) != hidden.shape[0]:
+        if self.mirror is not None:
+            self.mirror.mirror(ids, positions, meta)
+        if samples_some:
             hidden = hidden[sample_rows]
         return self.model.compute_logits(hidden).float()
 
@@ -278,8 +309,12 @@ class ModelRunner:
         offsets = np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)
         step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
         ids, positions, meta, sample_rows = self._device_inputs(step)
+        if self.ranks is not None:
+            self.ranks.send_step(ids, positions, meta, sample_rows)
         with step_metadata(meta):
             hidden = self._forward(ids, positions, meta)
+        if self.mirror is not None:
+            self.mirror.mirror(ids, positions, meta)
         return self.model.compute_logits(hidden[sample_rows]).float()
 
     def rollback(self, row: int, generation: int, num_tokens: int, num_blocks: int) -> None:

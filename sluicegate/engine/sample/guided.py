@@ -78,3 +78,39 @@ class TokenBitmask:
         xgrammar.apply_token_bitmask_inplace(
             logits, bitmask, vocab_size=self.vocab_size, indices=rows
         )
+
+    def apply_to_drafts(
+        self, logits: torch.Tensor, chains: list[tuple[int, GrammarGuide, list[int]]]
+    ) -> None:
+        """Mask the rows a speculative step verifies, in place. Each chain is a guided
+        sequence's first row, its guide and its draft tokens: row ``first + j`` gets the mask
+        of the grammar's state after the first ``j`` drafts (so a draft the grammar refuses is
+        rejected where it stands, and the token after the last draft obeys the grammar as if
+        every draft were accepted). The guides end where they began."""
+        import xgrammar
+
+        bitmask = xgrammar.allocate_token_bitmask(logits.shape[0], self.vocab_size)
+        indices: list[int] = []
+        for first, guide, drafts in chains:
+            matcher = guide.matcher
+            accepted = 0
+            refused = False
+            for position in range(len(drafts) + 1):
+                # Past a refused draft the chain stops; its rows keep the refusing state's mask.
+                # Past an accepted stop token the output ends: its rows are never read.
+                if matcher.is_terminated():
+                    bitmask[first + position] = bitmask[first + position - 1]
+                else:
+                    matcher.fill_next_token_bitmask(bitmask, first + position)
+                indices.append(first + position)
+                if position < len(drafts) and not refused:
+                    refused = not matcher.accept_token(drafts[position])
+                    accepted += not refused
+            if accepted:
+                matcher.rollback(accepted)
+        if logits.device.type != "cpu":
+            bitmask = bitmask.to(logits.device, non_blocking=True)
+        with torch.inference_mode():
+            xgrammar.apply_token_bitmask_inplace(
+                logits, bitmask, vocab_size=self.vocab_size, indices=indices
+            )

@@ -19,6 +19,7 @@ from typing import Any
 from sluicegate.engine import protocol
 from sluicegate.engine.core.scheduler import RequestRejected
 from sluicegate.engine.options import EngineOptions
+from sluicegate.engine.parallel.ranks import RankLost
 from sluicegate.engine.sample.logprobs import wire_logprobs
 from sluicegate.engine.sample.output import TokenLogprobs
 from sluicegate.engine.sample.params import SamplingParams
@@ -148,6 +149,7 @@ class AsyncEngine:
         self._executor.shutdown(wait=True)
         if self.core is not None:
             self.core.grammars.shutdown()
+            self.core.close()
 
     async def __aenter__(self) -> AsyncEngine:
         await self.start()
@@ -358,6 +360,10 @@ class AsyncEngine:
     def _step_failed(self, exc: Exception) -> None:
         for request_id in self._streams.request_ids():
             self._streams.fail(request_id, EngineStopped(f"engine step failed: {exc!r}"))
+        # Under tensor parallelism a failed step leaves the ranks out of lockstep (a rank died
+        # mid-collective, say): no later step can run, so the worker exits.
+        if isinstance(exc, RankLost) or (self.core is not None and self.core.ranks is not None):
+            self.failed.set()
 
     def wire_logprobs(self, entries: list[TokenLogprobs]) -> list[protocol.TokenLogprob]:
         """Logprob entries with each token's text and bytes, as the wire protocol carries them."""

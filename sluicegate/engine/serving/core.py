@@ -16,13 +16,16 @@ from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
 from sluicegate.engine.models.gguf import checkpoint_folder
+from sluicegate.engine.models.loader import shard_plan
 from sluicegate.engine.options import EngineOptions, resolve_device
+from sluicegate.engine.parallel.ranks import RankGroup, agree_on_blocks
+from sluicegate.engine.parallel.shard import TensorParallel
 from sluicegate.engine.protocol import KvEvent, Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
-from sluicegate.engine.sample.guided import TokenBitmask
+from sluicegate.engine.sample.guided import GrammarGuide, TokenBitmask
 from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.sampler import Sampler
@@ -31,6 +34,7 @@ from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings
 from sluicegate.engine.serving.request_options import RequestOptions
 from sluicegate.engine.serving.speculation import Speculator, speculable
 from sluicegate.engine.spec.config import SpeculativeConfig
+from sluicegate.engine.spec.draft_model import load_draft_model
 from sluicegate.engine.text.choices import Choice, RequestGroup
 from sluicegate.engine.text.prompts import prompt_ids
 from sluicegate.engine.text.reasoning import template_has_reasoning
@@ -60,13 +64,31 @@ class EngineCore:
         self.device = resolve_device(options.device)
         if self.device.type == "cpu" and options.num_threads:
             torch.set_num_threads(options.num_threads)
+        spec_config = None
+        if options.speculative_config is not None:
+            spec_config = SpeculativeConfig.parse(options.speculative_config)
+            if spec_config.model is not None and options.tensor_parallel_size > 1:
+                raise ValueError("draft-model speculation is not served with tensor parallelism")
         # A GGUF file is served from the Hugging Face folder it converts to (once).
         model = checkpoint_folder(model)
         self.tokenizer = Tokenizer(model)
-        self.model = load_engine_model(model, self.device, options)
+        self.ranks: RankGroup | None = None
+        tp = None
+        if options.tensor_parallel_size > 1:
+            plan = shard_plan(model, 0, options.tensor_parallel_size)  # refuses bad splits first
+            self.ranks = RankGroup(model, options)
+            tp = TensorParallel(plan)
+        try:
+            self.model = load_engine_model(model, self.device, options, tp)
+            max_model_len = context_length(self.model, options)
+            self.runner = build_runner(self.model, self.device, options, max_model_len)
+            if self.ranks is not None:
+                self.runner.resize_kv_cache(agree_on_blocks(self.runner.num_kv_blocks))
+                self.runner.ranks = self.ranks
+        except BaseException:
+            self.close()
+            raise
         config = self.model.config
-        max_model_len = context_length(self.model, options)
-        self.runner = build_runner(self.model, self.device, options, max_model_len)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 num_kv_blocks=self.runner.num_kv_blocks,
@@ -107,12 +129,21 @@ class EngineCore:
         )
         self._in_flight: _Launched | None = None
         self.speculator: Speculator | None = None
-        if options.speculative_config is not None:
-            self.speculator = Speculator(SpeculativeConfig.parse(options.speculative_config))
+        if spec_config is not None:
+            draft = None
+            if spec_config.model is not None:
+                draft = load_draft_model(spec_config.model, self.runner, options)
+            self.speculator = Speculator(spec_config, draft)
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
         self.step_time_s = 0.0
         """Recent step duration (EWMA, the latest weighing 0.2; 0 until a step completed)."""
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any (nothing else holds resources)."""
+        if self.ranks is not None:
+            self.ranks.close()
+            self.ranks = None
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -257,6 +288,9 @@ class EngineCore:
             assert speculator is not None
             drafts = speculator.propose(self.scheduler.running, self._speculable)
         output = self.scheduler.schedule(drafts)
+        if drafts:
+            assert speculator is not None
+            speculator.fill(output, self.sampler.generator)
         launched = None if output.is_empty else self._launch(output)
         if previous is not None:
             deltas += self._complete(previous)
@@ -278,7 +312,15 @@ class EngineCore:
 
     def _speculable(self, seq: Sequence) -> bool:
         request = self._requests.get(seq.request_id)
-        return request is not None and request.guide is None and speculable(seq.params)
+        if request is None or not speculable(seq.params):
+            return False
+        guide = request.guide
+        # The grammar checks drafts only while it governs the output from its next token.
+        return guide is None or (guide.active and guide.thinking_token is None)
+
+    def _guide(self, request_id: str) -> GrammarGuide | None:
+        request = self._requests.get(request_id)
+        return request.guide if request is not None else None
 
     def _launch(self, output: SchedulerOutput) -> _Launched:
         """Forward and sample ``output`` on the device, and do the bookkeeping that needs
@@ -288,7 +330,12 @@ class EngineCore:
         verdicts = None
         if self.speculator is not None and any(item.num_drafts for item in sampling_items):
             logits, verdicts = self.speculator.verify(
-                self.runner, self.sampler.generator, output, sampling_items
+                self.runner,
+                self.sampler.generator,
+                output,
+                sampling_items,
+                [self._guide(item.seq.request_id) for item in sampling_items],
+                self.bitmask,
             )
         else:
             logits = self.runner.run(output)
@@ -303,7 +350,11 @@ class EngineCore:
             if forked_rows:
                 rows = torch.tensor(forked_rows, device=logits.device)
                 logits = torch.cat([logits, logits.index_select(0, rows)])
-            guides = [r.guide if r is not None else None for r in requests]
+            # A speculated row was masked along its drafts already (Speculator.verify).
+            guides = [
+                r.guide if r is not None and not item.num_drafts else None
+                for r, item in zip(requests, sampling_items, strict=False)
+            ]
             if any(g is not None and g.active for g in guides):
                 constrain = lambda rows: self.bitmask.apply(rows, guides)  # noqa: E731
         rows = BatchRows(step.sampling_batch_rows, step.sampling_generations,
@@ -471,6 +522,11 @@ class EngineCore:
         stats["num_generated_tokens"] = self.num_generated_tokens
         stats["thinking"] = self.reasoning
         stats["step_time_s"] = self.step_time_s
+        dtype = str(self.model.config.dtype).removeprefix("torch.")
+        stats["dtype"] = dtype
+        stats["weight_dtype"] = getattr(self.model, "weight_dtype", dtype)
+        stats["kv_cache_dtype"] = str(self.runner.kv_cache.dtype).removeprefix("torch.")
+        stats["tensor_parallel_size"] = self.options.tensor_parallel_size
         if self.speculator is not None:
             stats.update(self.speculator.stats())
         return stats

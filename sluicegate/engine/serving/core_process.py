@@ -60,6 +60,7 @@ def run_core(
         channel.encoder.encode(channel.Ready(core.model.config.vocab_size, core.stats()))
     )
     code = CoreLoop(core, commands, outputs).run()
+    core.close()
     outputs.close()
     # os._exit: the model's threads (oneDNN, grammar compiler) must not hold up the exit.
     os._exit(code)

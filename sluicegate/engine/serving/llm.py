@@ -42,7 +42,7 @@ class LLM:
 
     Extra keyword options (``kv_cache_memory``, ``gpu_memory_utilization``, ``max_model_len``,
     ``max_waiting``, ``attention_backend``, ``seed``, ``num_threads``, ``cpu_linears``,
-    ``model_impl``) are those of ``sluicegate.engine.options.EngineOptions``; ``model_impl`` is
+    ``model_impl``, ``tensor_parallel_size``, ``speculative_config``) are those of ``sluicegate.engine.options.EngineOptions``; ``model_impl`` is
     "auto" (native code for Llama, Mistral, Qwen2, Qwen3, otherwise the checkpoint's
     transformers class on our paged attention), "native" or "transformers".
 
@@ -87,10 +87,13 @@ class LLM:
         self._ids = itertools.count()
 
     def close(self) -> None:
-        """Stop the engine core process (with ``core_process``; otherwise nothing to do)."""
+        """Stop the engine core process (with ``core_process``), or the in-process engine's
+        other tensor-parallel ranks."""
         if self._process is not None:
             self._process.close()
             self._process = None
+        else:
+            self.engine.close()
 
     def _prompt_ids(self, **inputs: Any) -> list[int]:
         if self._process is not None:

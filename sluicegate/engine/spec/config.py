@@ -1,5 +1,6 @@
-"""``speculative_config`` as vLLM spells it: which proposer, how many draft tokens a step
-verifies, and when a step skips speculation."""
+"""``speculative_config`` as vLLM spells it: which proposer (prompt lookup, or a smaller
+draft model given by ``model``), how many draft tokens a step verifies, and when a step skips
+speculation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 
 DEFAULT_DISABLE_BY_BATCH_SIZE = 4
 """Speculate only while this many sequences or fewer run. Verifying k drafts turns each
@@ -21,18 +22,28 @@ measured where the verified step stops being nearly free on this project's CPU."
 
 @dataclass(frozen=True, kw_only=True)
 class SpeculativeConfig:
-    method: str = "ngram"
+    method: str | None = None
+    """``ngram`` or ``draft_model``; left out, as vLLM does: ``draft_model`` when ``model`` is
+    given, else ``ngram``."""
+    model: str | None = None
+    """The draft model's checkpoint (a folder or a GGUF file), sharing the target's vocabulary."""
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
     disable_by_batch_size: int = DEFAULT_DISABLE_BY_BATCH_SIZE
 
     def __post_init__(self) -> None:
+        if self.method is None:
+            object.__setattr__(self, "method", "draft_model" if self.model else "ngram")
         if self.method not in METHODS:
             raise ValueError(
                 f"speculative_config method {self.method!r} is not supported here "
                 f"(supported: {', '.join(METHODS)})"
             )
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative_config method 'draft_model' needs 'model'")
+        if self.method == "ngram" and self.model:
+            raise ValueError("speculative_config method 'ngram' takes no 'model'")
         if self.num_speculative_tokens < 1:
             raise ValueError(
                 f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}"

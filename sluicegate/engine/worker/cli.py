@@ -66,6 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--dtype")
     engine.add_argument("--device")
     engine.add_argument("--num-threads", type=int, help="CPU threads for the model (CPU only)")
+    engine.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "float32"),
+        help="the KV cache's dtype (default auto: the model's); fp8 holds twice bf16's tokens",
+    )
+    engine.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        help="split the model over this many ranks (processes: one per GPU on CUDA, gloo on "
+        "the CPU); default 1",
+    )
     engine.add_argument("--no-prefix-caching", action="store_true")
     engine.add_argument(
         "--model-impl",
@@ -139,6 +151,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "tool_parser",
         "cpu_linears",
         "speculative_config",
+        "tensor_parallel_size",
+        "kv_cache_dtype",
     )
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:

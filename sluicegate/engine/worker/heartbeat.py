@@ -86,6 +86,10 @@ class Heartbeats:
             queue_ms=queue_ms(load),
             thinking=bool(stats.get("thinking")),
             spec_acceptance_rate=float(stats.get("spec_acceptance_rate", 0.0) or 0.0),
+            tensor_parallel_size=int(stats.get("tensor_parallel_size", 1) or 1),
+            dtype=str(stats.get("dtype", "")),
+            weight_dtype=str(stats.get("weight_dtype", "")),
+            kv_cache_dtype=str(stats.get("kv_cache_dtype", "")),
             kv_events=self.kv_events is not None and self.kv_events.started,
             tokenizer_digest=self.kv_events.tokenizer_digest if self.kv_events is not None else "",
         )

@@ -85,3 +85,52 @@ def test_greedy_rows_accept_only_the_argmax_and_emit_it_otherwise() -> None:
     generator = torch.Generator().manual_seed(0)
     verdicts = verify_drafts(logits, np.array([1, 2, 0]), [greedy] * 3, generator)
     assert verdicts.tolist() == [[1, 1], [0, 0], [0, 2]]
+
+
+DRAFT_LOGITS = torch.tensor([0.0, 1.8, 1.0, 0.5, -0.5, 0.2])
+"""A draft model's logits: it ranks the tokens differently from the target."""
+
+
+def drafted_from_model(params: SamplingParams, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """SAMPLES drafts drawn from a draft model's distribution q, verified against the
+    target's with q given: the tokens emitted and the acceptances."""
+    q = torch.softmax(DRAFT_LOGITS / params.temperature, dim=-1)
+    generator = torch.Generator().manual_seed(seed)
+    drafts = torch.multinomial(q, SAMPLES, True, generator=generator).numpy()
+    logits = LOGITS.repeat(SAMPLES, 1)
+    draft_probs = q.repeat(SAMPLES, 1)
+    verdicts = verify_drafts(logits, drafts, [params] * SAMPLES, generator, draft_probs).numpy()
+    accepted = verdicts[:, 0].astype(bool)
+    return np.where(accepted, drafts, verdicts[:, 1]), accepted
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=1.3, top_p=0.8),
+    ],
+)
+def test_rejection_sampling_against_a_draft_distribution_reproduces_the_target(
+    params: SamplingParams,
+) -> None:
+    """Accept with min(1, p/q), resample from max(0, p - q) on rejection: the tokens follow
+    p, and a draft is accepted with probability sum_t min(p(t), q(t))."""
+    expected = target(params)
+    q = torch.softmax(DRAFT_LOGITS / params.temperature, dim=-1).double().numpy()
+    tokens, accepted = drafted_from_model(params)
+    assert total_variation(tokens, expected) < TV_BOUND
+    assert abs(accepted.mean() - np.minimum(expected, q).sum()) < 0.01
+
+
+def test_the_bound_catches_resampling_from_the_target_on_rejection() -> None:
+    """Accepting with min(1, p/q) but resampling from p itself (not the residual) on
+    rejection under-weights what the draft favours: the same check fails it."""
+    params = SamplingParams(temperature=1.0)
+    expected = target(params)
+    tokens, accepted = drafted_from_model(params)
+    generator = torch.Generator().manual_seed(1)
+    full = torch.multinomial(torch.from_numpy(expected), SAMPLES, True, generator=generator)
+    wrong = np.where(accepted, tokens, full.numpy())
+    assert total_variation(wrong, expected) > 5 * TV_BOUND

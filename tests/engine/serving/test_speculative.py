@@ -9,7 +9,6 @@ that spoils some of those drafts (accepted up to a rejection somewhere in the mi
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -240,9 +239,7 @@ def test_random_sampling_speculates_and_grammar_or_penalised_requests_do_not(
 ) -> None:
     """Temperature sampling verifies drafts by rejection sampling (its distribution is
     checked in tests/engine/sample/test_speculative_verify.py); a request whose sampling
-    the drafts' verification would not reproduce (penalties, logprobs, a seed) gets none,
-    and neither does a grammar-constrained one: its proposals are not checked against the
-    grammar, it takes one masked token per step as before."""
+    the drafts' verification would not reproduce (penalties, logprobs, a seed) gets none."""
     proposed: list[int] = []
 
     def always(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
@@ -264,9 +261,6 @@ def test_random_sampling_speculates_and_grammar_or_penalised_requests_do_not(
     ]:
         (out,) = spec.generate(prompts()[0], params)
         assert len(out.token_ids) == 12 or out.finish_reason == "stop"
-    regex = RequestOptions(structured=Structured("regex", regex=r"[0-9]{3}-[a-z]{2}"))
-    (out,) = spec.generate(prompts()[0], SamplingParams(max_tokens=12, temperature=0), regex)
-    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", out.text)
     assert proposed == []
     outputs = spec.generate(
         prompts(), SamplingParams(max_tokens=24, temperature=0.9, top_k=50, ignore_eos=True)
@@ -293,3 +287,50 @@ def test_a_batch_larger_than_disable_by_batch_size_is_not_speculated(
     )
     assert [o.token_ids for o in outputs] == want
     assert (stats["spec_draft_tokens"] > 0) is speculates
+
+
+GRAMMARS = [
+    Structured("regex", regex=r"[0-9]{3}-[a-z]{2}( [a-z]+){2,4}"),
+    Structured("json_schema", json_schema='{"type": "object", "properties": {"n": '
+               '{"type": "integer"}, "w": {"type": "string"}}, "required": ["n", "w"]}'),
+    Structured("choice", choices=["alpha beta gamma", "alpha beta delta", "omega"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("drafts", ["oracle", "spoiled", "always"])
+def test_the_grammar_checks_the_drafts(
+    model_dirs: dict[str, Path], use_proposer: Callable[[Proposer], None], drafts: str
+) -> None:
+    """Grammar-constrained requests speculate: each verified row is masked by the grammar's
+    state after the drafts before it, so greedy output is the tokens (and text) it is without
+    speculation, whether the drafts follow the grammar (the reference's own continuation,
+    accepted), stray from it midway, or ignore it (the prompt's last tokens)."""
+    params = SamplingParams(max_tokens=40, temperature=0)
+    plain = LLM(str(model_dirs["llama"]), device="cpu", dtype="float32", num_kv_blocks=64)
+    prompt = prompts()[3]
+    want = [plain.generate(prompt, params, RequestOptions(structured=g))[0] for g in GRAMMARS]
+    proposed: list[int] = []
+
+    def propose(token_ids: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+        proposed.append(len(token_ids))
+        if drafts == "always":
+            return token_ids[-k:]
+        for reference in want:
+            done = len(token_ids) - len(prompt)
+            if token_ids[len(prompt) :] == reference.token_ids[:done]:
+                tokens = reference.token_ids[done : done + k]
+                if drafts == "spoiled" and tokens and done % 3:
+                    tokens[done % len(tokens)] = (tokens[done % len(tokens)] + 1) % 256
+                return tokens
+        return []
+
+    use_proposer(propose)
+    spec = LLM(str(model_dirs["llama"]), device="cpu", dtype="float32", num_kv_blocks=64,
+               speculative_config=SPEC)  # fmt: skip
+    for grammar, reference in zip(GRAMMARS, want, strict=True):
+        (out,) = spec.generate(prompt, params, RequestOptions(structured=grammar))
+        assert (out.token_ids, out.text) == (reference.token_ids, reference.text)
+    stats = spec.stats()
+    assert proposed and stats["spec_draft_tokens"] > 0
+    if drafts == "oracle":
+        assert stats["spec_acceptance_rate"] == 1.0

@@ -228,6 +228,10 @@ def test_the_overview_charts_daily_tokens_and_spend(
         kv_blocks_used=420,
         kv_usage=0.42,
         tokens_per_s=812.5,
+        tensor_parallel_size=2,
+        dtype="bfloat16",
+        weight_dtype="fp8",
+        kv_cache_dtype="bfloat16",
     )
     client = redis.Redis.from_url(ui_settings.redis_url)
     client.set(protocol.heartbeat_key(model, worker), protocol.encode(beat), px=30_000)
@@ -244,7 +248,16 @@ def test_the_overview_charts_daily_tokens_and_spend(
         whole = meter.bounding_box()
         assert filled and whole and abs(filled["width"] / whole["width"] - 0.42) < 0.02
         expect(row.get_by_role("cell")).to_have_text(
-            [worker, model, "3", "2", re.compile("42%"), "812.5", re.compile("ago")]
+            [
+                worker,
+                model,
+                "TP 2 · weights fp8 · KV bfloat16",
+                "3",
+                "2",
+                re.compile("42%"),
+                "812.5",
+                re.compile("ago"),
+            ]
         )
         shot(page, screenshot_dir, "12-models")
     finally:

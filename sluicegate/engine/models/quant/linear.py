@@ -117,6 +117,14 @@ class QuantizedLinear(nn.Module):
         """``x`` @ the weight's transpose (``x`` as the scheme quantizes it: the caller's
         business, done once for a projection's parts)."""
         tokens = x.reshape(-1, self.in_features)
+        if x.is_cuda and not self.scheme.act_order:
+            # Dequantized tile by tile inside the product: the dense weight never exists.
+            from sluicegate.kernels.triton_quant_linear import quant_linear
+
+            fp8 = self.scheme.is_fp8
+            stored = self.weight if fp8 else self.codes
+            zeros = None if fp8 else self.zeros
+            return quant_linear(x, stored, zeros, self.scales, self.scheme.bits, self.group)
         if (
             tokens.shape[0] <= _FUSED_ROWS
             and not self.scheme.act_order
