@@ -64,7 +64,11 @@ def words(rng: random.Random, chars: int, head: str) -> str:
 
 class RoundRobin(EngineProvider):
     async def _pick_stream(
-        self, message: protocol.Request, hashes: list[int], workers: dict[str, protocol.Heartbeat]
+        self,
+        message: protocol.Request,
+        hashes: list[int],
+        workers: dict[str, protocol.Heartbeat],
+        adapter: str | None = None,
     ) -> str:
         self._turn = getattr(self, "_turn", -1) + 1
         names = sorted(workers)
@@ -73,19 +77,27 @@ class RoundRobin(EngineProvider):
 
 class TextHash(EngineProvider):
     async def _pick_stream(
-        self, message: protocol.Request, hashes: list[int], workers: dict[str, protocol.Heartbeat]
+        self,
+        message: protocol.Request,
+        hashes: list[int],
+        workers: dict[str, protocol.Heartbeat],
+        adapter: str | None = None,
     ) -> str:
-        return await self.workers.pick_stream(hashes, workers)
+        return await self.workers.pick_stream(hashes, workers, adapter)
 
 
 class Oracle(EngineProvider):
     async def _pick_stream(
-        self, message: protocol.Request, hashes: list[int], workers: dict[str, protocol.Heartbeat]
+        self,
+        message: protocol.Request,
+        hashes: list[int],
+        workers: dict[str, protocol.Heartbeat],
+        adapter: str | None = None,
     ) -> str:
         index = self.kv_routing.index
         while await index.read_synced(block_ms=None):
             pass
-        return await super()._pick_stream(message, hashes, workers)
+        return await super()._pick_stream(message, hashes, workers, adapter)
 
 
 PROVIDERS = {

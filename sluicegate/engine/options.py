@@ -62,6 +62,13 @@ class EngineOptions:
     # "auto" (the model's dtype), or "fp8" / "fp8_e4m3" / "fp8_e5m2": a byte per cached value,
     # twice bf16's tokens in the same memory (sluicegate.engine.runner.attention).
     kv_cache_dtype: str = "auto"
+    # LoRA adapters (docs/lora.md): up to max_loras distinct adapters in one step (device
+    # slots; 0: LoRA off), of rank up to max_lora_rank, max_cpu_loras held in host memory
+    # (None: max_loras); lora_modules (name -> peft folder) are loaded at start-up.
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_modules: dict[str, str] | None = None
     # Note every block entering and leaving the prefix cache, for the worker to publish
     # (KV events, docs/kv-events.md); off for offline use, where nobody takes them.
     kv_events: bool = False

@@ -231,6 +231,10 @@ class Structured(msgspec.Struct, omit_defaults=True):
     strict: bool = False
 
 
+BATCH_PRIORITY = 1000
+"""The priority of Batch API lines on our engines (interactive requests have 0)."""
+
+
 class LoraAdapter(msgspec.Struct, omit_defaults=True):
     """A LoRA adapter (peft's folder: ``adapter_config.json`` + ``adapter_model.safetensors``)
     on the base model a worker serves. ``path`` is on the workers' filesystem, so a worker that
@@ -275,6 +279,11 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     tools): the worker answers one final delta whose ``usage`` has them and no completion
     tokens, and schedules nothing. A worker that predates the field generates instead, up to
     ``sampling.max_tokens`` (the gateway sends 1), and its usage has the same prompt count."""
+    priority: int = 0
+    """vLLM's ``priority``: lower runs first. Waiting requests are admitted in order of it
+    (first come, first served within one value), and a running one of a higher value is
+    preempted to admit a lower one that has no room; the gateway's batch traffic uses
+    ``BATCH_PRIORITY``, so it runs only in the capacity interactive requests leave."""
     lora: LoraAdapter | None = None
     """Run with this adapter on the base model (``None``: the base model alone). A worker
     without LoRA enabled answers ``invalid_request``; never the base model's tokens."""
@@ -461,8 +470,9 @@ class ControlReply(msgspec.Struct, tag="control_reply", omit_defaults=True):
 
 
 class KvBlockStored(msgspec.Struct, tag="stored", array_like=True):
-    """A full block entered the prefix cache: its chained hash, its parent's (None for a
-    prompt's first block) and its tokens, so a reader can place it in the chain."""
+    """A full block entered the prefix cache: its chained hash, its parent's (for a prompt's
+    first block: None, or a LoRA adapter's hash seed) and its tokens, so a reader can place it
+    in the chain."""
 
     block_hash: int
     parent_hash: int | None

@@ -45,6 +45,7 @@ from sluicegate.gateway.keys.cache import KeyCache
 from sluicegate.gateway.keys.throttle import FailureThrottle
 from sluicegate.gateway.leases.book import LeaseBook
 from sluicegate.gateway.redis.direct import Address, DirectConnection
+from sluicegate.gateway.routing.adapters import AdapterBook, aliases_from_config
 from sluicegate.gateway.routing.router import Router
 from sluicegate.gateway.services import Services, new_request_id, request_state
 from sluicegate.gateway.settings import Settings
@@ -156,7 +157,12 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
         db_engine = create_engine(settings.database_url)
         sessionmaker = create_sessionmaker(db_engine)
         key_cache = KeyCache(redis_pubsub, sessionmaker, settings)
-        prices = PriceBook(prices_from_config(settings.config, settings.currency), sessionmaker)
+        adapters = AdapterBook(
+            sessionmaker, settings.currency, aliases_from_config(settings.config)
+        )
+        prices = PriceBook(
+            prices_from_config(settings.config, settings.currency), sessionmaker, adapters=adapters
+        )
         address = Address.from_url(settings.redis_url)
         direct = (
             DirectConnection(
@@ -193,6 +199,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             recorder=recorder,
             redis=redis,
             leases=leases,
+            adapters=adapters,
         )
         app.state.update(
             settings=settings,
@@ -203,6 +210,7 @@ def create_app(settings: Settings | None = None, *, served: bool = False) -> Lit
             admin_auth_throttle=FailureThrottle(settings.admin_auth_failures_per_min),
             router=router,
             prices=prices,
+            adapters=adapters,
             limiter=limiter,
             services=services,
             response_store=ResponseStore(sessionmaker),

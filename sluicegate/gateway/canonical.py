@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from sluicegate.engine.protocol import LoraAdapter
 from sluicegate.gateway.schemas.bounds import MAX_USAGE_TOKENS
 
 # ---- content parts ---------------------------------------------------------------------------
@@ -237,6 +238,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     deadline: float = 0.0
     """Unix time by which the whole answer must be done; 0 = none."""
     traceparent: str | None = None
+    lora: LoraAdapter | None = None
+    """The LoRA adapter the called model name stands for (``sluicegate.gateway.routing.adapters``):
+    only engine deployments get such a request."""
 
 
 # ---- answers ---------------------------------------------------------------------------------

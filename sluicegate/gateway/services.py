@@ -18,6 +18,7 @@ from sluicegate.engine.tracing import tracing_enabled
 from sluicegate.gateway.admission.limits import RateLimiter
 from sluicegate.gateway.keys.auth import provide_api_key
 from sluicegate.gateway.leases.book import LeaseBook
+from sluicegate.gateway.routing.adapters import AdapterBook
 from sluicegate.gateway.routing.router import Router
 from sluicegate.gateway.settings import Settings
 from sluicegate.gateway.telemetry import start_server_span
@@ -47,6 +48,8 @@ class Services:
     redis: Redis
     started_at: int = field(default_factory=lambda: int(time.time()))
     leases: LeaseBook | None = None
+    adapters: AdapterBook | None = None
+    """The LoRA adapter registry (None: no adapters, as in apps built without a database)."""
     settling: set[asyncio.Task[None]] = field(default_factory=set)
     """Settlements of answered calls still under way (``settle_soon``)."""
 

@@ -32,7 +32,7 @@ def migrated_database_url(gateway_database_url: str) -> str:
         execute_autocommit(
             gateway_database_url,
             "SET lock_timeout = '10s'",
-            "TRUNCATE api_keys, teams, model_prices, audit_log, usage_records, usage_daily",
+            "TRUNCATE lora_adapters, api_keys, teams, model_prices, audit_log, usage_records, usage_daily",
         )
     )
     return gateway_database_url

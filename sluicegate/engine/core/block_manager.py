@@ -38,10 +38,13 @@ def hash_block(parent_hash: int | None, token_ids: TokenIds[int]) -> int:
     return int.from_bytes(digest.digest(), "little", signed=True)
 
 
-def compute_block_hashes(token_ids: TokenIds[int], block_size: int) -> list[int]:
-    """Chained hashes of every full block of ``token_ids`` (a trailing partial block has none)."""
+def compute_block_hashes(
+    token_ids: TokenIds[int], block_size: int, seed: int | None = None
+) -> list[int]:
+    """Chained hashes of every full block of ``token_ids`` (a trailing partial block has
+    none); ``seed`` starts the chain (a LoRA adapter's ``hash_seed``; None: the base model)."""
     hashes: list[int] = []
-    parent: int | None = None
+    parent: int | None = seed
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         parent = hash_block(parent, token_ids[start : start + block_size])
         hashes.append(parent)
@@ -132,7 +135,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        parent: int | None = None
+        parent = seq.hash_seed
         tokens = seq.token_ids
         size = self.block_size
         for start in range(0, (seq.num_tokens - 1) // size * size, size):
@@ -151,7 +154,7 @@ class BlockManager:
         tokens = seq.token_ids
         hashes = seq.block_hashes
         for index in range(len(hashes), seq.num_computed_tokens // size):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else seq.hash_seed
             block_hash = hash_block(parent, tokens[index * size : (index + 1) * size])
             hashes.append(block_hash)
             # Two sequences may compute the same block side by side before either is

@@ -21,6 +21,8 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     # None leaves the waiting queue unbounded; a worker uses it to stop pulling work.
     max_waiting: int | None = None
+    # LoRA: at most this many distinct adapters run at once (0: no adapters at all).
+    max_loras: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_kv_blocks", "max_model_len", "block_size", "max_num_seqs"):

@@ -29,6 +29,7 @@ from sluicegate.engine.core.scheduler_output import (
     ScheduledSequence,
     SchedulerOutput,
 )
+from sluicegate.engine.core.scheduler_stats import scheduler_stats
 from sluicegate.engine.core.sequence import Sequence, SequenceStatus
 from sluicegate.engine.core.waiting_queue import WaitingQueue
 
@@ -101,6 +102,7 @@ class Scheduler:
         are appended to the sequence's tokens until ``accept_drafts`` keeps the accepted."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
+        yielded = self._yield_to_urgent()
         preempted: list[Sequence] = []
         columns: list[tuple[int, int, int, int, int, int]] = []
 
@@ -145,7 +147,28 @@ class Scheduler:
         if not preempted:
             self._admit(budget, scheduled, columns)
         arrays = ScheduledArrays(*np.array(columns, dtype=np.int64).reshape(-1, 6).T)
-        return SchedulerOutput(scheduled, preempted, arrays)
+        return SchedulerOutput(scheduled, yielded + preempted, arrays)
+
+    def _yield_to_urgent(self) -> list[Sequence]:
+        """Preempt less urgent running sequences (``running`` ends with the least urgent, the
+        youngest last) while the most urgent waiting one has no batch row, or no KV blocks
+        for its first chunk: a batch request gives way to an interactive one at once."""
+        victims: list[Sequence] = []
+        manager, config = self.block_manager, self.config
+        while self.waiting and self.running:
+            head = self.waiting[0]
+            if self.running[-1].priority <= head.priority:
+                break
+            if len(self.running) < config.max_num_seqs:
+                cached = manager.match_prefix(head)
+                tokens = len(cached) * config.block_size
+                first = min(head.num_tokens - tokens, config.max_num_batched_tokens)
+                if manager.can_allocate(cached, tokens + first):
+                    break
+            victim = self.running[-1]
+            self._preempt(victim)
+            victims.append(victim)
+        return victims
 
     def _admit(
         self,
@@ -156,6 +179,8 @@ class Scheduler:
         manager = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.lora is not None and not self._lora_fits(seq):
+                break  # strict FCFS: it waits for a running adapter to finish
             cached = manager.match_prefix(seq)
             num_cached_tokens = len(cached) * self.config.block_size
             num_new = min(seq.num_tokens - num_cached_tokens, budget)
@@ -166,12 +191,27 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = time.monotonic()
-            self.running.append(seq)
+            self._run(seq)
             self._take_row(seq)
             scheduled.append(ScheduledSequence(seq, num_new))
             columns.append((seq.batch_row, seq.batch_generation, seq.num_computed_tokens,
                             num_new, len(seq.block_table), seq.num_tokens))  # fmt: skip
             budget -= num_new
+
+    def _run(self, seq: Sequence) -> None:
+        """Into ``running`` behind every sequence of its priority or a lower one, so the
+        last is always the least urgent and youngest: the next to preempt."""
+        running = self.running
+        if not running or running[-1].priority <= seq.priority:
+            running.append(seq)
+        else:
+            running.insert(next(i for i, s in enumerate(running) if s.priority > seq.priority), seq)
+
+    def _lora_fits(self, seq: Sequence) -> bool:
+        """Whether ``seq``'s adapter runs already or a slot is left for one more: every
+        running sequence is in every step, so this keeps each step within ``max_loras``."""
+        running = {id(s.lora): s.lora for s in self.running if s.lora is not None}
+        return id(seq.lora) in running or len(running) < self.config.max_loras
 
     def _take_row(self, seq: Sequence) -> None:
         row = self._free_rows.pop()
@@ -361,27 +401,4 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """Engine-level counters; prefix-cache queries and hits are counted in tokens."""
-        manager = self.block_manager
-        last = self.running[-1] if self.running else None
-        prefill_left = last.num_tokens - last.num_computed_tokens if last else 0
-        return {
-            "kv_blocks_total": manager.num_blocks,
-            "kv_blocks_used": manager.num_used_blocks,
-            "kv_tokens_stored": self.kv_tokens_stored,
-            "peak_kv_utilization": self.peak_kv_utilization,
-            "num_running": self.num_running,
-            "num_waiting": self.num_waiting,
-            # What a new request's wait is estimated from (sluicegate.engine.worker.queue_estimate): the
-            # queue head's arrival (monotonic), what the queue and a prompt mid-prefill (only
-            # the youngest running sequence can be) must compute, and one step's limits.
-            "oldest_waiting_arrival": self.waiting[0].arrival_time if self.waiting else None,
-            "waiting_tokens": self.waiting.num_tokens,
-            "waiting_blocks": self.waiting.num_blocks,
-            "prefill_tokens_running": prefill_left if prefill_left > 1 else 0,
-            "max_num_seqs": self.config.max_num_seqs,
-            "max_model_len": self.config.max_model_len,
-            "max_num_batched_tokens": self.config.max_num_batched_tokens,
-            "num_preemptions": self.num_preemptions,
-            "prefix_cache_queries": manager.prefix_cache_queries,
-            "prefix_cache_hits": manager.prefix_cache_hits,
-        }
+        return scheduler_stats(self)

@@ -8,6 +8,14 @@ from enum import Enum, auto
 from typing import Protocol
 
 
+class AdapterKey(Protocol):
+    """What the scheduler needs of a request's LoRA adapter (``sluicegate.engine.lora``): an
+    identity (compared by ``is``) and the seed of its prefix-cache hash chain."""
+
+    @property
+    def hash_seed(self) -> int: ...
+
+
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
@@ -39,8 +47,16 @@ class Sequence:
         eos_token_ids: Iterable[int] = (),
         arrival_time: float | None = None,
         output_token_ids: Iterable[int] = (),
+        priority: int = 0,
+        lora: AdapterKey | None = None,
     ) -> None:
         self.request_id = request_id
+        self.priority = priority
+        """Lower runs first: the scheduler's order of admission and (reversed) of preemption."""
+        # The LoRA adapter this request runs (None: the base model). Its blocks hash from
+        # the adapter's seed, so no prefix is shared across adapters.
+        self.lora = lora
+        self.hash_seed: int | None = lora.hash_seed if lora is not None else None
         self.token_ids: list[int] = list(prompt_token_ids)
         if not self.token_ids:
             raise ValueError(f"request {request_id!r} has an empty prompt")

@@ -1,11 +1,12 @@
-"""The scheduler's FCFS waiting queue, which keeps what its sequences must compute once
-admitted (tokens, and the KV blocks they fill) as sequences join and leave, so a heartbeat
-reads the queue's work without a pass over it (``sluicegate.engine.worker.queue_estimate``)."""
+"""The scheduler's waiting queue: by priority (lower first), first come first served within
+one priority. It keeps what its sequences must compute once admitted (tokens, and the KV
+blocks they fill) as sequences join and leave, so a heartbeat reads the queue's work without a
+pass over it (``sluicegate.engine.worker.queue_estimate``)."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from sluicegate.engine.core.block_manager import blocks_for
 from sluicegate.engine.core.sequence import Sequence
@@ -24,11 +25,22 @@ class WaitingQueue:
         """KV blocks those tokens fill."""
 
     def append(self, seq: Sequence) -> None:
-        self._queue.append(seq)
+        """Behind every waiting sequence of its priority or a lower one."""
+        queue = self._queue
+        if not queue or queue[-1].priority <= seq.priority:
+            queue.append(seq)  # the common case: one priority
+        else:
+            queue.insert(_first(queue, lambda s: s.priority > seq.priority), seq)
         self._count(seq, 1)
 
     def appendleft(self, seq: Sequence) -> None:
-        self._queue.appendleft(seq)
+        """In front of every waiting sequence of its priority or a higher one (a preempted
+        sequence goes back ahead of those that came after it, behind more urgent ones)."""
+        queue = self._queue
+        if not queue or queue[0].priority >= seq.priority:
+            queue.appendleft(seq)
+        else:
+            queue.insert(_first(queue, lambda s: s.priority >= seq.priority), seq)
         self._count(seq, 1)
 
     def popleft(self) -> Sequence:
@@ -58,3 +70,8 @@ class WaitingQueue:
 
     def __contains__(self, seq: object) -> bool:
         return seq in self._queue
+
+
+def _first(queue: deque[Sequence], where: Callable[[Sequence], bool]) -> int:
+    """The index of the first sequence ``where`` holds for, or the queue's length."""
+    return next((i for i, seq in enumerate(queue) if where(seq)), len(queue))

@@ -212,7 +212,7 @@ def follow(rank: int, size: int, port: int, model: str, options: EngineOptions) 
     _join(rank, size, port, device)
     try:
         tp = TensorParallel(shard_plan(Path(model), rank, size))
-        loaded = load_engine_model(model, device, options, tp)
+        loaded, _ = load_engine_model(model, device, options, tp)
         runner = build_runner(loaded, device, options, context_length(loaded, options))
         runner.resize_kv_cache(agree_on_blocks(runner.num_kv_blocks))
         forward = runner.model

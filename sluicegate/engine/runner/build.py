@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from sluicegate.engine.models import load_model
+from sluicegate.engine.lora import LoraConfig, LoraManager
+from sluicegate.engine.lora.layers import fuse_gated_mlps
+from sluicegate.engine.models import UnsupportedModelError, load_model
 from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.options import EngineOptions
@@ -31,21 +33,43 @@ def load_engine_model(
     device: torch.device,
     options: EngineOptions,
     tp: TensorParallel | None = None,
-) -> Model:
+) -> tuple[Model, LoraManager | None]:
+    """The model (with ``tp``, this rank's shard) with its linears chosen, and its LoRA
+    slots when ``max_loras`` > 0."""
+    if options.lora_modules and not options.max_loras:
+        raise ValueError("--lora-modules needs --max-loras of at least 1")
+    if options.max_loras and options.tensor_parallel_size > 1:
+        raise ValueError("LoRA adapters (--max-loras) are not served with tensor parallelism yet")
     loaded = load_model(model, device, options.dtype, options.model_impl, tp)
+    loras = None
+    if options.max_loras:
+        if not isinstance(loaded, LlamaForCausalLM):
+            raise UnsupportedModelError(
+                "LoRA adapters (--max-loras) are served on the native models only "
+                "(Llama, Mistral, Qwen2, Qwen3), not on the transformers backend"
+            )
+        # Before the CPU linears are swapped: the swap then runs inside the LoRA wrappers.
+        modules = options.lora_modules or {}
+        # Room in host memory for every start-up adapter unless told otherwise.
+        host = options.max_cpu_loras or max(options.max_loras, len(modules))
+        loras = LoraManager(loaded, LoraConfig(options.max_loras, options.max_lora_rank, host))
+        for name, path in modules.items():
+            loras.load(name, path)
     # Inductor packs CPU weights for oneDNN itself; a compiled forward keeps nn.Linear.
     compiling = options.cpu_compile and not options.enforce_eager
     if not compiling:
         kind = resolve_cpu_linears(options.cpu_linears, loaded)
         if swap_cpu_linears(loaded, kind):
             logger.info("CPU linears: %s", kind)
+        if loras is not None and kind == "packed":
+            fuse_gated_mlps(loaded)
     if device.type == "cpu" and isinstance(loaded, LlamaForCausalLM):
         fused = cpu_ops.supports(torch.empty(0, dtype=loaded.config.dtype))
         logger.info(
             "layer ops (RMSNorm, residual, rotary, SiLU x mul, KV write): %s",
             "C++ (csrc/layer_ops.cpp)" if fused else "torch (the CPU kernels are not built)",
         )
-    return loaded
+    return loaded, loras
 
 
 def context_length(model: Model, options: EngineOptions) -> int:
@@ -61,7 +85,11 @@ def context_length(model: Model, options: EngineOptions) -> int:
 
 
 def build_runner(
-    model: Model, device: torch.device, options: EngineOptions, max_model_len: int
+    model: Model,
+    device: torch.device,
+    options: EngineOptions,
+    max_model_len: int,
+    loras: LoraManager | None = None,
 ) -> ModelRunner:
     # The native models only: the transformers backend reads sequence lengths on the
     # host inside its forward, which neither a CUDA graph nor Dynamo can hold. Nor under
@@ -83,4 +111,5 @@ def build_runner(
         and (device.type == "cuda" or options.cpu_compile),
         cuda_graphs=compilable and not options.enforce_eager and device.type == "cuda",
         kv_cache_dtype=resolve_kv_cache_dtype(options.kv_cache_dtype, model.config.dtype),
+        loras=loras,
     )

@@ -9,6 +9,7 @@ import torch
 
 from sluicegate.engine.core.block_manager import blocks_for
 from sluicegate.engine.core.scheduler_output import SchedulerOutput
+from sluicegate.engine.lora import LoraManager
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.runner.attention import AttentionMetadata, load_backend
 from sluicegate.engine.runner.compilation import compile_model as compile_model_forward
@@ -43,8 +44,10 @@ class ModelRunner:
         compile_model: bool = False,
         cuda_graphs: bool = False,
         kv_cache_dtype: torch.dtype | None = None,
+        loras: LoraManager | None = None,
     ) -> None:
         self.model = model
+        self.loras = loras
         self.config = model.config
         self.device = device
         self.kv_cache_dtype = kv_cache_dtype or model.config.dtype
@@ -282,15 +285,18 @@ class ModelRunner:
         sample, in their order in ``output.scheduled``."""
         step = self.input_batch.prepare(output)
         self.last_step = step
-        if self.graphs is not None and (size := self.graphs.padded_size(step)) is not None:
-            return self.graphs.replay(step, size, self._fill_pending).float()
+        # A step with LoRA adapters runs eager: the graphs and compiled forward know none.
+        eager = self.loras is not None and self.loras.begin_step(output.scheduled)
+        graphs = None if eager else self.graphs
+        if graphs is not None and (size := graphs.padded_size(step)) is not None:
+            return graphs.replay(step, size, self._fill_pending).float()
         ids, positions, meta, sample_rows = self._device_inputs(step)
         self._fill_pending(ids, step)
         samples_some = len(step.sample_rows) != len(step.input_ids)
         if self.ranks is not None:
             self.ranks.send_step(ids, positions, meta, sample_rows if samples_some else None)
         with step_metadata(meta):
-            hidden = self._forward(ids, positions, meta)
+            hidden = (self.model.forward if eager else self._forward)(ids, positions, meta)
         if self.mirror is not None:
             self.mirror.mirror(ids, positions, meta)
         if samples_some:
@@ -309,10 +315,11 @@ class ModelRunner:
         offsets = np.arange(widths.sum()) - np.repeat(np.cumsum(widths) - widths, widths)
         step.sample_rows = (np.repeat(last - num_drafts, widths) + offsets).astype(np.int32)
         ids, positions, meta, sample_rows = self._device_inputs(step)
+        eager = self.loras is not None and self.loras.begin_step(output.scheduled)
         if self.ranks is not None:
             self.ranks.send_step(ids, positions, meta, sample_rows)
         with step_metadata(meta):
-            hidden = self._forward(ids, positions, meta)
+            hidden = (self.model.forward if eager else self._forward)(ids, positions, meta)
         if self.mirror is not None:
             self.mirror.mirror(ids, positions, meta)
         return self.model.compute_logits(hidden[sample_rows]).float()

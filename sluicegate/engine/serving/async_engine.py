@@ -9,6 +9,7 @@ blocks within one step.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +27,7 @@ from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.serving import channel as core_channel
 from sluicegate.engine.serving.core import EngineCore
 from sluicegate.engine.serving.core_client import CoreClient
-from sluicegate.engine.serving.core_steps import PendingRequest, abort_delta
+from sluicegate.engine.serving.core_steps import PendingRequest, abort_delta, control
 from sluicegate.engine.serving.delta_streams import DeltaStreams
 from sluicegate.engine.serving.request_delta import RequestDelta
 from sluicegate.engine.serving.request_options import RequestOptions
@@ -80,6 +81,9 @@ class AsyncEngine:
         self._client: CoreClient | None = None
         self.tokenizer: Tokenizer | None = None
         self._vocab_size = 0
+        self._controls: dict[int, asyncio.Future[None]] = {}
+        """LoRA loads and unloads sent to the core process, by token, awaiting its reply."""
+        self._control_tokens = itertools.count()
         self._in_transit = 0
         """Requests sent to the core process that its outputs have not counted yet."""
         self.failed = asyncio.Event()
@@ -294,11 +298,41 @@ class AsyncEngine:
         client.add(request_id, ids, params, options, chat=chat, resume_token_ids=resume_token_ids)
         return stream
 
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load (or reload) the LoRA adapter ``name`` from ``path`` between two steps;
+        raises ``ValueError`` with the reason it cannot (the engine serves on)."""
+        await self._control(name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        """Drop the LoRA adapter ``name``; requests running with it finish with it."""
+        await self._control(name, None)
+
+    async def _control(self, name: str, path: str | None) -> None:
+        if not self._running or self._stopping:
+            raise EngineStopped("the engine is not running; call start() first")
+        if self._client is not None:
+            token = next(self._control_tokens)
+            future = self._controls[token] = asyncio.get_running_loop().create_future()
+            self._client.control(token, name, path)
+            await future
+            return
+        core, steps = self.core, self._steps
+        assert core is not None and steps is not None
+        self._stats = await steps.call(lambda: control(core, name, path))
+
     def _on_output(self, output: core_channel.StepOutput) -> None:
         self._in_transit -= output.added
         self._stats = output.stats
         if output.kv_events:
             self._kv_events_arrived(output.kv_events)
+        for done in output.replies:
+            future = self._controls.pop(done.token, None)
+            if future is None or future.done():
+                continue
+            if done.error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(ValueError(done.error))
         for failed in output.failed:
             error = _FAILURES.get(failed.kind, EngineStopped)
             self._streams.fail(failed.request_id, error(failed.message))
@@ -310,6 +344,10 @@ class AsyncEngine:
 
     def _on_core_exit(self, reason: str) -> None:
         self._stopping = True
+        for future in self._controls.values():
+            if not future.done():
+                future.set_exception(EngineStopped(reason))
+        self._controls.clear()
         for request_id in self._streams.request_ids():
             self._streams.fail(request_id, EngineStopped(reason))
         self.failed.set()

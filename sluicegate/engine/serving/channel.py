@@ -1,7 +1,8 @@
 """Messages between the worker process and the engine core process, msgpack-encoded by
 msgspec into typed values (the engine's own dataclasses travel as they are).
 
-Worker -> core: ``AddRequest`` (prompt already tokenized), ``AbortRequest``, ``Shutdown``.
+Worker -> core: ``AddRequest`` (prompt already tokenized), ``AbortRequest``, ``Shutdown``,
+``ControlCommand`` (load or unload a LoRA adapter).
 Core -> worker: ``Ready`` once the model is loaded, then ``StepOutput`` after every step or
 batch of commands (deltas, rejected requests, fresh scheduler stats, the prefix cache's changes), ``CoreFailed`` when the
 core cannot go on."""
@@ -31,6 +32,20 @@ class AbortRequest(msgspec.Struct, tag="abort", array_like=True):
     request_id: str
 
 
+class ControlCommand(msgspec.Struct, tag="control", array_like=True):
+    """Load the LoRA adapter ``name`` from ``path``, or unload it (``path`` None)."""
+
+    token: int
+    name: str
+    path: str | None = None
+
+
+class ControlDone(msgspec.Struct, array_like=True):
+    token: int
+    error: str | None = None
+    """Why the command failed; None: done."""
+
+
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
     pass
 
@@ -54,6 +69,8 @@ class StepOutput(msgspec.Struct, tag="out", array_like=True):
     stats: dict[str, Any]
     added: int
     """``AddRequest`` messages the core took in since its previous output."""
+    replies: list[ControlDone] = msgspec.field(default_factory=list)
+    """The ``ControlCommand``s done since its previous output."""
     kv_events: list[KvEvent] = msgspec.field(default_factory=list)
     """The prefix cache's changes in this step (with ``EngineOptions.kv_events``)."""
 
@@ -62,7 +79,7 @@ class CoreFailed(msgspec.Struct, tag="failed", array_like=True):
     message: str
 
 
-ToCore = AddRequest | AbortRequest | Shutdown
+ToCore = AddRequest | AbortRequest | Shutdown | ControlCommand
 FromCore = Ready | StepOutput | CoreFailed
 
 encoder = msgspec.msgpack.Encoder()

@@ -15,6 +15,7 @@ from sluicegate.engine.core.config import SchedulerConfig
 from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.lora import lora_manager
 from sluicegate.engine.models.gguf import checkpoint_folder
 from sluicegate.engine.models.loader import shard_plan
 from sluicegate.engine.options import EngineOptions, resolve_device
@@ -69,6 +70,9 @@ class EngineCore:
             spec_config = SpeculativeConfig.parse(options.speculative_config)
             if spec_config.model is not None and options.tensor_parallel_size > 1:
                 raise ValueError("draft-model speculation is not served with tensor parallelism")
+        if options.max_loras and options.tensor_parallel_size > 1:
+            # The adapters' matrices would need the base weights' split on every rank.
+            raise ValueError("LoRA adapters are not served with tensor parallelism yet")
         # A GGUF file is served from the Hugging Face folder it converts to (once).
         model = checkpoint_folder(model)
         self.tokenizer = Tokenizer(model)
@@ -79,9 +83,9 @@ class EngineCore:
             self.ranks = RankGroup(model, options)
             tp = TensorParallel(plan)
         try:
-            self.model = load_engine_model(model, self.device, options, tp)
+            self.model, self.loras = load_engine_model(model, self.device, options, tp)
             max_model_len = context_length(self.model, options)
-            self.runner = build_runner(self.model, self.device, options, max_model_len)
+            self.runner = build_runner(self.model, self.device, options, max_model_len, self.loras)
             if self.ranks is not None:
                 self.runner.resize_kv_cache(agree_on_blocks(self.runner.num_kv_blocks))
                 self.runner.ranks = self.ranks
@@ -98,6 +102,7 @@ class EngineCore:
                 max_num_batched_tokens=options.max_num_batched_tokens,
                 enable_prefix_caching=options.enable_prefix_caching,
                 max_waiting=options.max_waiting,
+                max_loras=options.max_loras,
             )
         )
         if options.kv_events:
@@ -194,11 +199,20 @@ class EngineCore:
             raise ValueError(f"resume token ids must be in [0, {vocab})")
         if resumed and options.n > 1:
             raise ValueError("a request with n > 1 cannot be resumed")
+        lora = options.lora
+        # Loaded on first use; one that cannot load (or LoRA off) rejects the request.
+        adapter = lora_manager(self.loras).acquire(lora.name, lora.path) if lora else None
         if compiled_grammar is None:
             spec = self.grammar_spec(options)
             compiled_grammar = self.grammars.compile(spec) if spec is not None else None
         seq = Sequence(
-            request_id, prompt_token_ids, params, self.eos_token_ids, output_token_ids=resumed
+            request_id,
+            prompt_token_ids,
+            params,
+            self.eos_token_ids,
+            output_token_ids=resumed,
+            priority=options.priority,
+            lora=adapter,
         )
         self.scheduler.add(seq)
         group = RequestGroup(
@@ -416,6 +430,8 @@ class EngineCore:
                     params,
                     self.eos_token_ids,
                     arrival_time=parent.arrival_time,
+                    priority=parent.priority,
+                    lora=parent.lora,
                 )
                 copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
                 self._start_choice(group, child, index)
@@ -529,4 +545,6 @@ class EngineCore:
         stats["tensor_parallel_size"] = self.options.tensor_parallel_size
         if self.speculator is not None:
             stats.update(self.speculator.stats())
+        if self.loras is not None:
+            stats.update(self.loras.stats())
         return stats

@@ -99,6 +99,9 @@ class CoreClient:
     def abort(self, request_id: str) -> None:
         self._send(channel.AbortRequest(request_id))
 
+    def control(self, token: int, name: str, path: str | None) -> None:
+        self._send(channel.ControlCommand(token, name, path))
+
     def _send(self, message: channel.ToCore) -> None:
         # The core reads commands on a thread of its own, so this never waits for a step.
         try:

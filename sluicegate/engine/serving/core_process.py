@@ -26,7 +26,7 @@ from sluicegate.engine.core.scheduler import RequestRejected
 from sluicegate.engine.options import EngineOptions
 from sluicegate.engine.serving import channel as channel
 from sluicegate.engine.serving.core import EngineCore
-from sluicegate.engine.serving.core_steps import PendingRequest, abort_delta, apply
+from sluicegate.engine.serving.core_steps import PendingRequest, abort_delta, apply, control
 
 logger = logging.getLogger("sluicegate.core")
 
@@ -74,6 +74,7 @@ class CoreLoop:
         self.pending: list[PendingRequest] = []
         self.aborts: set[str] = set()
         self.added = 0
+        self.replies: list[channel.ControlDone] = []
         self.stopping = False
         self._sent_stats: dict[str, Any] = {}
         self._reader = threading.Thread(
@@ -135,6 +136,13 @@ class CoreLoop:
             )
         elif isinstance(message, channel.AbortRequest):
             self.aborts.add(message.request_id)
+        elif isinstance(message, channel.ControlCommand):
+            try:
+                control(self.core, message.name, message.path)
+            except ValueError as exc:
+                self.replies.append(channel.ControlDone(message.token, str(exc)))
+            else:
+                self.replies.append(channel.ControlDone(message.token))
         elif isinstance(message, channel.Shutdown):
             self.stopping = True
 
@@ -159,10 +167,12 @@ class CoreLoop:
         stats["num_pending"] = len(self.pending)
         kv_events = core.take_kv_events()
         # A step that changed nothing (say, nothing fit in the cache) sends nothing.
-        if deltas or failed or self.added or kv_events or stats != self._sent_stats:
-            self._send(channel.StepOutput(deltas, failed, stats, self.added, kv_events))
+        if deltas or failed or self.added or self.replies or kv_events or stats != self._sent_stats:
+            output = channel.StepOutput(deltas, failed, stats, self.added, self.replies, kv_events)
+            self._send(output)
             self._sent_stats = stats
             self.added = 0
+            self.replies = []
 
     def _send(self, message: channel.StepOutput | channel.CoreFailed) -> None:
         self.outbox.put(channel.encoder.encode(message))

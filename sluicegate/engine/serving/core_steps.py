@@ -7,6 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from sluicegate.engine.lora import lora_manager
 from sluicegate.engine.protocol import Usage
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.serving.core import EngineCore
@@ -68,6 +69,17 @@ def apply(
         deltas.extend(core.abort(request_id))
     aborts.clear()
     return deltas, errors
+
+
+def control(core: EngineCore, name: str, path: str | None) -> dict[str, Any]:
+    """Load the LoRA adapter ``name`` from ``path`` (unload it: ``path`` None); the stats
+    after it. Raises ``ValueError`` with the reason it cannot."""
+    loras = lora_manager(core.loras)
+    if path is None:
+        loras.unload(name)
+    else:
+        loras.load(name, path)
+    return core.stats()
 
 
 def abort_delta(request_id: str) -> RequestDelta:

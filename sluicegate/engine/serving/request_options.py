@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sluicegate.engine.protocol import Structured, Tool
+from sluicegate.engine.protocol import LoraAdapter, Structured, Tool
 
 TOOL_CHOICES = ("none", "auto", "required", "function")
 MAX_N = 16
@@ -21,6 +21,10 @@ class RequestOptions:
     parallel_tool_calls: bool = True
     structured: Structured | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    priority: int = 0
+    """Lower runs first (``sluicegate.engine.protocol.Request.priority``)."""
+    lora: LoraAdapter | None = None
+    """Run with this LoRA adapter (loaded from its path on first use); None: the base model."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.n <= MAX_N:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence as SequenceOf
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,9 @@ def load_draft_model(path: str | Path, runner: ModelRunner, options: EngineOptio
     from sluicegate.engine.models.gguf import checkpoint_folder
     from sluicegate.engine.runner.build import load_engine_model
 
-    model = load_engine_model(checkpoint_folder(path), runner.device, options)
+    # The draft proposes as the base model: the target verifies with each row's adapter.
+    base_only = replace(options, max_loras=0, lora_modules=None)
+    model, _ = load_engine_model(checkpoint_folder(path), runner.device, base_only)
     draft = DraftModel(
         model,  # type: ignore[arg-type]  # DraftModel refuses a transformers-backend model
         runner.backend,

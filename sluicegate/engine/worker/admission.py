@@ -28,7 +28,7 @@ class Admission:
 
     async def admit(self, stream: str, entry_id: bytes, fields: Any, claimed: bool) -> None:
         writer = self.server.writer
-        raw = _field(fields, protocol.MESSAGE_FIELD)
+        raw = entry_field(fields, protocol.MESSAGE_FIELD)
         try:
             if raw is None:
                 raise protocol.MalformedMessage("entry has no 'm' field")
@@ -72,7 +72,8 @@ class Admission:
         return bool(await self.redis.exists(key))
 
 
-def _field(fields: Any, name: bytes) -> bytes | None:
+def entry_field(fields: Any, name: bytes) -> bytes | None:
+    """A stream entry's field, whether the client decodes replies or not."""
     if not isinstance(fields, dict):
         return None
     value = fields.get(name)

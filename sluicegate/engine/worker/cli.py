@@ -123,8 +123,35 @@ def build_parser() -> argparse.ArgumentParser:
         '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' '
         "(default: off)",
     )
+    lora = parser.add_argument_group("LoRA adapters (docs/lora.md)")
+    lora.add_argument(
+        "--lora-modules",
+        nargs="+",
+        type=_lora_module,
+        metavar="NAME=PATH",
+        help="peft adapter folders to load at start-up (more load at run time: a request's "
+        "adapter on first use, or a LoadLora command); implies --max-loras 1 if not given",
+    )
+    lora.add_argument(
+        "--max-loras",
+        type=int,
+        help="distinct adapters one step can mix (device slots); 0 (default): LoRA off",
+    )
+    lora.add_argument("--max-lora-rank", type=int, help="largest adapter rank (default 16)")
+    lora.add_argument(
+        "--max-cpu-loras",
+        type=int,
+        help="adapters held in host memory, least recently used dropped (default: --max-loras)",
+    )
     engine.add_argument("--log-level", default=os.environ.get("SLUICEGATE_LOG_LEVEL", "INFO"))
     return parser
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=PATH")
+    return name, path
 
 
 def _speculative_config(text: str) -> dict[str, Any]:
@@ -153,8 +180,14 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "speculative_config",
         "tensor_parallel_size",
         "kv_cache_dtype",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
     )
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.lora_modules:
+        kwargs["lora_modules"] = dict(args.lora_modules)
+        kwargs.setdefault("max_loras", 1)
     if args.no_prefix_caching:
         kwargs["enable_prefix_caching"] = False
     if args.enforce_eager:

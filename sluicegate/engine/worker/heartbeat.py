@@ -90,6 +90,9 @@ class Heartbeats:
             dtype=str(stats.get("dtype", "")),
             weight_dtype=str(stats.get("weight_dtype", "")),
             kv_cache_dtype=str(stats.get("kv_cache_dtype", "")),
+            max_loras=int(stats.get("max_loras", 0) or 0),
+            max_lora_rank=int(stats.get("max_lora_rank", 0) or 0),
+            loras=list(stats.get("loras") or []),
             kv_events=self.kv_events is not None and self.kv_events.started,
             tokenizer_digest=self.kv_events.tokenizer_digest if self.kv_events is not None else "",
         )

@@ -1,5 +1,6 @@
 """Pulling and claiming: new entries from the model's stream and this worker's own stream
-(only as many as the engine has room for), and entries of dead workers taken over."""
+(only as many as the engine has room for), and entries of dead workers taken over; and the
+commands on this worker's control stream (LoRA loads and unloads), each answered."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from sluicegate.engine import protocol
+from sluicegate.engine.worker.admission import entry_field
 from sluicegate.engine.worker.options import Backoff, WorkerOptions, text
 
 logger = logging.getLogger("sluicegate.worker")
 
 Admit = Callable[[str, bytes, Any, bool], Awaitable[None]]
 """Serve one entry: (stream, entry id, its fields, whether it was taken over)."""
+Control = Callable[[protocol.LoadLora | protocol.UnloadLora], Awaitable[protocol.ControlReply]]
+"""Carry out one control command; its answer."""
 
 
 class Intake:
@@ -30,6 +34,7 @@ class Intake:
         admit: Admit,
         room: asyncio.Event,
         draining: Callable[[], bool],
+        control: Control | None = None,
     ) -> None:
         self.redis = redis
         self.options = options
@@ -39,7 +44,9 @@ class Intake:
         self.room = room
         """Set whenever the engine may have room again (a step ran, a request ended)."""
         self.draining = draining
+        self.control = control
         model = options.model_name
+        self.control_stream = protocol.control_stream(model, options.worker_id)
         self.shared_stream = protocol.request_stream(model)
         self.own_stream = protocol.worker_stream(model, options.worker_id)
 
@@ -86,6 +93,40 @@ class Intake:
             for stream, entries in reply or []:
                 for entry_id, fields in entries:
                     await self.admit(text(stream), entry_id, fields, False)
+
+    async def control_loop(self) -> None:
+        """Commands on this worker's control stream, one at a time, in order; each is
+        answered on its ``reply_to`` stream and deleted (read from the start, so a command
+        sent while the worker started is not missed)."""
+        backoff = Backoff()
+        last_id = "0-0"
+        while True:
+            try:
+                reply = await self.redis.xread({self.control_stream: last_id}, count=16, block=500)
+                backoff.reset()
+                for _, entries in reply or []:
+                    for entry_id, fields in entries:
+                        await self._answer(fields)
+                        await self.redis.xdel(self.control_stream, entry_id)
+                        last_id = text(entry_id)
+            except (RedisError, OSError) as exc:
+                await backoff.wait("control", exc)
+
+    async def _answer(self, fields: Any) -> None:
+        raw = entry_field(fields, protocol.MESSAGE_FIELD)
+        try:
+            command = protocol.decode(raw) if raw is not None else None
+        except protocol.MalformedMessage as exc:
+            logger.warning("control stream: a malformed command dropped (%s)", exc)
+            return
+        if not isinstance(command, protocol.LoadLora | protocol.UnloadLora):
+            logger.warning("control stream: %s is not a command; dropped", type(command).__name__)
+            return
+        if self.control is None:
+            answer = protocol.ControlReply(self.options.worker_id, False, "no control here")
+        else:
+            answer = await self.control(command)
+        await self.redis.xadd(command.reply_to, {protocol.MESSAGE_FIELD: protocol.encode(answer)})
 
     async def _recreate_groups(self, backoff: Backoff) -> None:
         try:

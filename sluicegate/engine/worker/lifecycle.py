@@ -69,6 +69,7 @@ class Worker:
             self.admission.admit,
             self._room,
             lambda: self._draining,
+            self._control,
         )
         self.liveness = LivenessThread(
             options.redis_url,
@@ -113,6 +114,7 @@ class Worker:
         self._tasks = [
             asyncio.create_task(self.intake.pull_loop(), name="pull"),
             asyncio.create_task(self.intake.claim_loop(), name="claim"),
+            asyncio.create_task(self.intake.control_loop(), name="control"),
             asyncio.create_task(self.heartbeats.run(), name="heartbeat"),
             asyncio.create_task(self.cancels.run(), name="cancels"),
             asyncio.create_task(self.writer.run(), name="writes"),
@@ -121,6 +123,24 @@ class Worker:
             self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
         await stop.wait()
         await self._drain()
+
+    async def _control(
+        self, command: protocol.LoadLora | protocol.UnloadLora
+    ) -> protocol.ControlReply:
+        """Load or unload a LoRA adapter between two engine steps; a failure (LoRA off, a
+        missing file, a wrong base model, a rank too high) is a refusal, and serving goes on."""
+        worker_id = self.options.worker_id
+        try:
+            if isinstance(command, protocol.LoadLora):
+                await self.engine.load_lora(command.adapter.name, command.adapter.path)
+                done = f"loaded {command.adapter.name}"
+            else:
+                await self.engine.unload_lora(command.name)
+                done = f"unloaded {command.name}"
+        except ValueError as exc:
+            return protocol.ControlReply(worker_id, False, str(exc))
+        self.heartbeats.publish()  # the gateway sees the adapters it holds now
+        return protocol.ControlReply(worker_id, True, done)
 
     def _room_for(self) -> int:
         """How many requests to pull now: none unless the engine says it has room, and no

@@ -125,6 +125,8 @@ class Server:
             parallel_tool_calls=request.parallel_tool_calls,
             structured=request.structured,
             chat_template_kwargs=request.chat_template_kwargs,
+            priority=request.priority,
+            lora=request.lora,
         )
         rid = request.request_id
         resume = request.resume_token_ids or None

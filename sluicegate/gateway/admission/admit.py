@@ -33,6 +33,7 @@ from sluicegate.gateway.errors import (
 from sluicegate.gateway.http.busy_poll import poll_while
 from sluicegate.gateway.keys.records import ApiKeyRecord
 from sluicegate.gateway.providers.base import ProviderError
+from sluicegate.gateway.routing.adapters import adapter_route
 from sluicegate.gateway.routing.router import ModelRoute
 from sluicegate.gateway.services import Services
 from sluicegate.gateway.telemetry import SPECULATIVE_DISPATCHES, child_context
@@ -71,6 +72,29 @@ def _refusal(route: ModelRoute, body: ChatRequest, mode: str) -> OpenAIError | N
         first = first or problem
     assert first is not None
     return InvalidRequest(first.message, param=first.param)
+
+
+async def _adapter_route(
+    services: Services, key: ApiKeyRecord, body: ChatRequest
+) -> ModelRoute | None:
+    """The route of the LoRA adapter ``body.model`` names, with ``body.lora`` set; None when it
+    names none this key may call (another team's adapter, or one its allow-list leaves out,
+    reads exactly like an unknown model)."""
+    adapters = services.adapters
+    adapter = await adapters.find(body.model) if adapters is not None else None
+    if adapter is None or not adapter.visible_to(key.team_id):
+        return None
+    if not (key.allows_model(body.model) or key.allows_model(adapter.model_name)):
+        return None
+    base = await services.router.resolve(adapter.base_model)
+    route = adapter_route(body.model, adapter, base) if base is not None else None
+    if route is None or not route.deployments:
+        raise ServiceUnavailable(
+            f"No engine worker is serving model '{adapter.base_model}', the base model of "
+            f"'{body.model}', right now."
+        )
+    body.lora = adapter.wire()
+    return route
 
 
 def _check_output_cap(route: ModelRoute, body: ChatRequest, mode: str) -> None:
@@ -130,6 +154,8 @@ async def admit(
     try:
         route = await services.router.resolve(body.model)
         if route is None:
+            route = await _adapter_route(services, key, body)
+        if route is None:
             raise ModelNotFound(
                 f"The model '{body.model}' does not exist or you do not have access to it.",
                 param="model",
@@ -170,6 +196,7 @@ async def admit(
                 draft = await leases.draft(
                     key,
                     model=body.model,
+                    adapter=route.adapter,
                     prompt_estimate=prompt_estimate,
                     started_at=time.time() - (time.perf_counter() - state["started"]),
                     max_completion=completion,
@@ -224,6 +251,7 @@ async def admit(
         span=span,
         prefetched=prefetch,
         generation_started=generation_started,
+        adapter=route.adapter,
     )
 
 

@@ -51,6 +51,7 @@ async def settle(call: CallState) -> None:
         ttft_ms=ttft_ms,
         started_at=time.time() - (now - call.started),
         finished_at=time.time(),
+        adapter=call.adapter,
     )
     services = call.services
     settled = False

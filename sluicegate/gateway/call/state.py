@@ -49,6 +49,8 @@ class CallState:
     status: str = "cancelled"
     """Stays ``cancelled`` unless the stream ran to its end (ok) or failed (error)."""
     finished: bool = False
+    adapter: str | None = None
+    """The LoRA adapter (``base:adapter``) it runs with, for its usage record."""
 
     def billed(self) -> Usage:
         """Real counts when known; else the prompt estimate plus what reached the client —

@@ -1,5 +1,5 @@
-"""The gateway's tables: teams, API keys, prices, per-request usage, daily rollups, audit log,
-stored Responses.
+"""The gateway's tables: teams, API keys, prices, LoRA adapters, per-request usage, daily
+rollups, audit log, stored Responses.
 
 ``teams`` and ``api_keys`` use advanced_alchemy's UUID audit base (id, created_at, updated_at);
 the usage tables have natural keys (request id; day+key+model) so they take the plain default
@@ -115,6 +115,31 @@ class ModelPrice(DefaultBase):
     created_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True))
 
 
+class LoraAdapterRow(DefaultBase):
+    """A LoRA adapter on a base model, called as ``base_model:name``; global (``team_id``
+    NULL, registered by the master key) or its team's alone. Prices are micro-units per
+    million tokens; NULL: the base model's price applies."""
+
+    __tablename__ = "lora_adapters"
+    __table_args__ = (
+        UniqueConstraint("base_model", "name", name="uq_lora_adapters_base_model_name"),
+        CheckConstraint("(input_micros IS NULL) = (output_micros IS NULL)", name="price"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(Text)
+    base_model: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)
+    """The peft folder on the workers' filesystem."""
+    team_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("teams.id", ondelete="RESTRICT")
+    )
+    input_micros: Mapped[int | None] = mapped_column(BigInteger)
+    cached_input_micros: Mapped[int | None] = mapped_column(BigInteger)
+    output_micros: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True))
+
+
 class AuditEntry(DefaultBase):
     """One admin mutation, written in the transaction of the change itself."""
 
@@ -170,6 +195,8 @@ class UsageRecord(DefaultBase):
     ttft_ms: Mapped[float | None] = mapped_column(Double)
     started_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True))
     finished_at: Mapped[dt.datetime] = mapped_column(DateTimeUTC(timezone=True))
+    adapter: Mapped[str | None] = mapped_column(Text)
+    """The LoRA adapter the request ran with (``base:name``); ``model`` is what was called."""
 
 
 class UsageDaily(DefaultBase):

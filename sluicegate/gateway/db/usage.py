@@ -50,6 +50,7 @@ _RECORD_COLUMNS = (
     ("ttft_ms", "double precision"),
     ("started_at", "timestamptz"),
     ("finished_at", "timestamptz"),
+    ("adapter", "text"),
 )
 _ROLLUP_COLUMNS = (
     ("day", "date"),

@@ -103,6 +103,7 @@ class LeaseBook:
         prompt_estimate: int,
         started_at: float,
         max_completion: int = 0,
+        adapter: str | None = None,
     ) -> LeaseDraft:
         """The lease the admission of a request of ``key`` will store. The first time this
         replica uses the key's hash, it names it in its set first, so a reaper finds it."""
@@ -111,7 +112,7 @@ class LeaseBook:
             async with self._naming:
                 await self._name_hashes([hash_key])
         self._hashes[hash_key] = time.monotonic()
-        return LeaseDraft(hash_key, model, prompt_estimate, started_at, max_completion)
+        return LeaseDraft(hash_key, model, prompt_estimate, started_at, max_completion, adapter)
 
     async def opened(self, draft: LeaseDraft, admission: Admission) -> None:
         """The admission stored the lease: renewals carry it from now on."""

@@ -133,6 +133,8 @@ class Lease(msgspec.Struct, kw_only=True, omit_defaults=True):
     request, or none relayed yet): a reaper bills what the replica had read of it."""
     max_completion: int = 0
     """The most completion tokens the request may generate (max_tokens times n; 0: unknown)."""
+    adapter: str | None = None
+    """The LoRA adapter the request runs with (its usage record's ``adapter``)."""
 
     def admission(self) -> Admission:
         return Admission(
@@ -162,6 +164,7 @@ class Lease(msgspec.Struct, kw_only=True, omit_defaults=True):
             cost_micros=self.admission().cost_micros(prompt, completion),
             team_id=self.team_id,
             status="error",
+            adapter=self.adapter,
             latency_ms=max(0.0, finished - self.started_at) * 1000,
             started_at=self.started_at,
             finished_at=finished,
@@ -181,6 +184,7 @@ class LeaseDraft:
     prompt_estimate: int
     started_at: float
     max_completion: int = 0
+    adapter: str | None = None
     lease: Lease | None = field(default=None)
 
     def encode(self, admission: Admission) -> bytes:
@@ -198,6 +202,7 @@ class LeaseDraft:
             prompt_tokens=self.prompt_estimate,
             renewed_at=time.time(),
             max_completion=self.max_completion,
+            adapter=self.adapter,
         )
         return encoder.encode(self.lease)
 

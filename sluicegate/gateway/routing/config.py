@@ -108,6 +108,8 @@ class ModelRoute:
     spill_over_ms: float | None = None
     """Spill-over: deployments in their listed order, an engine one skipped while its
     workers' queue would hold a new request longer than this."""
+    adapter: str | None = None
+    """The LoRA adapter (``base:adapter``) this route runs on its base model's engines."""
 
 
 def _names(entry: dict[str, Any], key: str) -> list[str]:

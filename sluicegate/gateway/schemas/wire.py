@@ -101,6 +101,8 @@ class ModelCard(msgspec.Struct):
     created: int
     owned_by: str
     object: str = "model"
+    parent: str | None = None
+    """A LoRA adapter's base model (as vLLM lists its LoRA modules); null for a model."""
 
 
 class ModelList(msgspec.Struct):

@@ -18,6 +18,7 @@ from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from sluicegate.gateway.errors import OpenAIError
+from sluicegate.gateway.ui.adapters import AdaptersPages
 from sluicegate.gateway.ui.audit import AuditPages
 from sluicegate.gateway.ui.auth import SignInController
 from sluicegate.gateway.ui.common import FormError
@@ -96,6 +97,7 @@ def ui_router() -> Router:
             TeamsPages,
             UsagePages,
             ModelsPages,
+            AdaptersPages,
             AuditPages,
             create_static_files_router(
                 path="/ui/static", directories=[STATIC], include_in_schema=False

@@ -23,6 +23,7 @@ NAV = (
     ("teams", "/ui/teams", "Teams"),
     ("usage", "/ui/usage", "Usage"),
     ("models", "/ui/models", "Models"),
+    ("adapters", "/ui/adapters", "Adapters"),
     ("audit", "/ui/audit", "Audit log"),
 )
 

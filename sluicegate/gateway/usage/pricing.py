@@ -7,8 +7,10 @@ settled with it and any sum of records agree to the micro-unit.
 
 Prices come from the routing YAML (``price: {input, cached_input, output, currency}`` on a
 model, in force from the start of time) and from ``model_prices`` rows (admin API), each in
-force from its ``effective_from``; the newest row already in force wins over the YAML. Past
-usage keeps the cost it was given at settle: a new price never rewrites it.
+force from its ``effective_from``; the newest row already in force wins over the YAML. A LoRA
+adapter's name with neither is priced by the adapter registry: the adapter's own price, else
+its base model's. Past usage keeps the cost it was given at settle: a new price never rewrites
+it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from sqlalchemy import select
@@ -124,6 +126,19 @@ def price_of_row(row: ModelPrice) -> Price:
     return Price(row.input_micros, row.cached_input_micros, row.output_micros, row.currency)
 
 
+class PricedAdapter(Protocol):
+    @property
+    def base_model(self) -> str: ...
+
+    @property
+    def price(self) -> Price | None:
+        """None: the base model's price applies."""
+
+
+class AdapterSource(Protocol):
+    async def find(self, called: str) -> PricedAdapter | None: ...
+
+
 class PriceBook:
     """Every replica's view of the prices: the YAML's, then the database's by time."""
 
@@ -133,7 +148,9 @@ class PriceBook:
         sessionmaker: async_sessionmaker[AsyncSession] | None,
         *,
         refresh_s: float = REFRESH_S,
+        adapters: AdapterSource | None = None,
     ) -> None:
+        self._adapters = adapters
         self._configured = configured
         self._sessionmaker = sessionmaker
         self._refresh_s = refresh_s
@@ -166,7 +183,12 @@ class PriceBook:
             index = bisect.bisect_right(history[0], when) - 1
             if index >= 0:
                 return history[1][index]
-        return self._configured.get(model)
+        configured = self._configured.get(model)
+        if configured is None and self._adapters is not None:
+            adapter = await self._adapters.find(model)
+            if adapter is not None:
+                return adapter.price or await self.price_at(adapter.base_model, when)
+        return configured
 
     def _start_load(self) -> asyncio.Task[None]:
         if self._loading is None or self._loading.done():

@@ -66,6 +66,8 @@ class UsageEvent(msgspec.Struct, kw_only=True, frozen=True):
     ttft_ms: float | None = None
     started_at: float
     finished_at: float
+    adapter: str | None = None
+    """The LoRA adapter the request ran with (``base:name``); ``model`` is the name called."""
 
 
 _encoder = msgspec.json.Encoder()
@@ -106,6 +108,7 @@ def _row(event: UsageEvent) -> dict[str, Any]:
         "ttft_ms": event.ttft_ms,
         "started_at": dt.datetime.fromtimestamp(event.started_at, dt.UTC),
         "finished_at": dt.datetime.fromtimestamp(event.finished_at, dt.UTC),
+        "adapter": event.adapter,
     }
 
 

@@ -36,6 +36,7 @@ TABLES = {
     "audit_log",
     "usage_rollup_changes",
     "stored_responses",
+    "lora_adapters",
     *DERIVED_ROLLUPS,
 }
 
@@ -196,6 +197,7 @@ def test_0003_fills_the_derived_rollups_from_usage_daily_and_downgrades(
     assert _schema(url)[0] == TABLES - DERIVED_ROLLUPS - {
         "usage_rollup_changes",
         "stored_responses",
+        "lora_adapters",
     }
     indexes = _execute(url, "SELECT indexname FROM pg_indexes WHERE tablename = 'usage_records'")
     assert {name for (name,) in indexes} == {

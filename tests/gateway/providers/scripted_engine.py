@@ -1,6 +1,7 @@
 """A scripted engine worker: it speaks the engine's Redis wire protocol (heartbeat, request
 stream, reply stream) and answers each request with one delta, keeping the requests it got, so
-a test sees exactly what the gateway sent an engine."""
+a test sees exactly what the gateway sent an engine. It reads the model's shared stream and its
+own (where prefix affinity and LoRA requests go), and announces LoRA support when asked."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from sluicegate.engine import protocol
 class ScriptedWorker:
     """Answers request ``n`` (from 1) of its model with the text ``answer n``."""
 
-    def __init__(self, redis_url: str, model: str) -> None:
+    def __init__(
+        self, redis_url: str, model: str, *, max_loras: int = 0, loras: tuple[str, ...] = ()
+    ) -> None:
         self.model = model
+        self.max_loras = max_loras
+        self.loras = list(loras)
         self.worker_id = f"scripted-{uuid.uuid4().hex[:6]}"
         self.requests: list[protocol.Request] = []
         self._redis = redis.Redis.from_url(redis_url)
@@ -35,25 +40,36 @@ class ScriptedWorker:
         self._thread.join(5)
         self._redis.delete(
             protocol.request_stream(self.model),
+            protocol.worker_stream(self.model, self.worker_id),
             protocol.worker_registry(self.model),
             protocol.heartbeat_key(self.model, self.worker_id),
         )
         self._redis.close()
 
     def _beat(self) -> None:
-        beat = protocol.Heartbeat(self.worker_id, self.model, self.model, "test", time.time())
+        beat = protocol.Heartbeat(
+            self.worker_id,
+            self.model,
+            self.model,
+            "test",
+            time.time(),
+            max_loras=self.max_loras,
+            loras=self.loras,
+        )
         self._redis.set(
             protocol.heartbeat_key(self.model, self.worker_id), protocol.encode(beat), ex=60
         )
 
     def _run(self) -> None:
-        after = b"0-0"
-        stream = protocol.request_stream(self.model)
+        after = {
+            protocol.request_stream(self.model): b"0-0",
+            protocol.worker_stream(self.model, self.worker_id): b"0-0",
+        }
         while not self._stopping.is_set():
             self._beat()
-            for _, entries in self._redis.xread({stream: after}, block=200) or []:
+            for stream, entries in self._redis.xread(after, block=200) or []:
                 for entry_id, fields in entries:
-                    after = entry_id
+                    after[stream.decode()] = entry_id
                     request = protocol.decode(fields[protocol.MESSAGE_FIELD])
                     assert isinstance(request, protocol.Request)
                     self.requests.append(request)

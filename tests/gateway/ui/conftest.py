@@ -128,7 +128,8 @@ def clean_database(ui_settings: Settings) -> None:
     run_async(
         execute_autocommit(
             ui_settings.database_url,
-            "TRUNCATE api_keys, teams, model_prices, audit_log, usage_records, usage_daily",
+            "TRUNCATE lora_adapters, api_keys, teams, model_prices, audit_log, usage_records, "
+            "usage_daily",
         )
     )
 

@@ -249,7 +249,7 @@ async def delete_team(
     try:
         await session.flush()
     except IntegrityError:
-        raise Conflict("The team still has keys.", param="team_id") from None
+        raise Conflict("The team still has keys or LoRA adapters.", param="team_id") from None
     await _audit_team(session, actor, "team.delete", team, request_id, before, deleted=True)
     return team
 

@@ -6,7 +6,9 @@ fixed-size character chunks of the rendered messages (or the prompt), each hash 
 everything before it, like the engine's block-hash chain. When a worker serves a request, the gateway maps the request's
 prefix hashes to that worker in Redis (short TTL). A later request sharing the prefix finds
 the deepest mapped hash and goes to that worker's own stream, where its KV blocks are likely
-still cached, unless that worker is much busier than the others.
+still cached, unless that worker is much busier than the others. A request with a LoRA
+adapter seeds the chain with the adapter's name: the engine never shares a prefix's KV blocks
+across adapters, so neither does the map.
 """
 
 from __future__ import annotations
@@ -31,11 +33,15 @@ def render_prompt(messages: Sequence[ChatMessage] | None, prompt: str | list[int
 
 
 def prefix_hashes(
-    rendered: bytes, chunk_chars: int = CHUNK_CHARS, max_chunks: int = MAX_CHUNKS
+    rendered: bytes,
+    chunk_chars: int = CHUNK_CHARS,
+    max_chunks: int = MAX_CHUNKS,
+    *,
+    adapter: str | None = None,
 ) -> list[int]:
     """Chained 64-bit hashes of each full ``chunk_chars`` chunk, first chunk first."""
     hashes: list[int] = []
-    parent = b""
+    parent = b"lora\x1f" + adapter.encode() if adapter is not None else b""
     for start in range(0, min(len(rendered) // chunk_chars, max_chunks) * chunk_chars, chunk_chars):
         parent = hashlib.blake2b(
             parent + rendered[start : start + chunk_chars], digest_size=8

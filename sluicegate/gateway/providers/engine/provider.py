@@ -117,7 +117,8 @@ class EngineProvider:
     # ---- generation ------------------------------------------------------------------------
 
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
-        workers = await self._workers_or_503()
+        lora = request.lora
+        workers = await self._workers_or_503(lora is not None)
         refusal = self._no_thinking_mode(request, workers)
         if refusal is not None:
             raise refusal
@@ -125,13 +126,13 @@ class EngineProvider:
         message = wire_request(
             request, self.model, deadline, self._replies.stream, self._default_max_tokens(request)
         )
-        routed = self.prefix_affinity and len(workers) > 1
         rendered = render_prompt(message.messages, request.prompt)
-        hashes = prefix_hashes(rendered) if routed else []
+        adapter = lora.name if lora is not None else None
+        affinity = self.prefix_affinity and len(workers) > 1
+        hashes = prefix_hashes(rendered, adapter=adapter) if affinity else []
         call = EngineCall(request.request_id, deadline, request.sampling.n)
         try:
-            shared = protocol.request_stream(self.model)
-            stream = await self._pick_stream(message, hashes, workers) if routed else shared
+            stream = await self._pick_stream(message, hashes, workers, adapter)
             while True:
                 try:
                     async for chunk in self._attempt(call, message, stream):
@@ -141,27 +142,44 @@ class EngineProvider:
                         yield chunk
                     return
                 except WorkerLost as lost:
+                    lost_worker = call.worker_id
                     message = resumption(call, message, lost)
-                    stream = protocol.request_stream(self.model)
+                    stream = await self._resume_stream(adapter, lost_worker)
         finally:
             if call.counted_on:
                 self.workers.count(call.counted_on, -1)
 
     async def _pick_stream(
-        self, message: protocol.Request, hashes: list[int], workers: dict[str, protocol.Heartbeat]
+        self,
+        message: protocol.Request,
+        hashes: list[int],
+        workers: dict[str, protocol.Heartbeat],
+        adapter: str | None = None,
     ) -> str:
-        """By the workers' KV caches where they publish them, else by text-hash affinity."""
-        blocks = await self.kv_routing.block_hashes(message, workers)
-        if blocks is None:
-            return await self.workers.pick_stream(hashes, workers)
-        worker = await self.kv_routing.pick(blocks, workers, self.workers.load(workers))
-        if worker is None:
+        """By the workers' KV caches where they publish them (requests without an adapter),
+        else by text-hash affinity (for an adapter: among the LoRA workers ``workers`` holds)."""
+        if adapter is None and self.prefix_affinity and len(workers) > 1:
+            blocks = await self.kv_routing.block_hashes(message, workers)
+            if blocks is not None:
+                worker = await self.kv_routing.pick(blocks, workers, self.workers.load(workers))
+                if worker is None:
+                    return protocol.request_stream(self.model)
+                return protocol.worker_stream(self.model, worker)
+        return await self.workers.pick_stream(hashes, workers, adapter)
+
+    async def _resume_stream(self, adapter: str | None, lost_worker: str | None) -> str:
+        """Where a lost request goes again: the shared stream, or for an adapter another LoRA
+        worker's own stream (the shared one may reach a worker without LoRA)."""
+        if adapter is None:
             return protocol.request_stream(self.model)
-        return protocol.worker_stream(self.model, worker)
+        workers = await self._workers_or_503(True)
+        others = {w: beat for w, beat in workers.items() if w != lost_worker} or workers
+        return await self.workers.pick_stream([], others, adapter)
 
     async def count_tokens(self, request: ChatRequest) -> int:
         """The prompt's tokens as a worker renders it (its chat template, the tools), with
-        nothing generated: a count-only request, answered by one final delta."""
+        nothing generated: a count-only request, answered by one final delta. Sent without
+        ``lora``, to any worker: an adapter does not change the base model's tokenizer."""
         await self._workers_or_503()
         deadline = request.deadline or time.time() + self.settings.request_timeout_s
         message = wire_request(request, self.model, deadline, self._replies.stream, 1)
@@ -172,6 +190,7 @@ class EngineProvider:
             sampling=protocol.Sampling(max_tokens=1),
             n=1,
             structured=None,
+            lora=None,
         )
         call = EngineCall(request.request_id, deadline)
         async for chunk in self._attempt(call, message, protocol.request_stream(self.model)):
@@ -224,14 +243,18 @@ class EngineProvider:
             "thinking", f"The model '{self.model}' has no thinking mode; leave out 'thinking'."
         )
 
-    async def _workers_or_503(self) -> dict[str, protocol.Heartbeat]:
+    async def _workers_or_503(self, lora: bool = False) -> dict[str, protocol.Heartbeat]:
+        """The live workers (with ``lora``, those with LoRA on), or the 503 for none."""
         try:
             workers = await self.live_workers()
         except (RedisError, OSError, TimeoutError) as exc:
             raise redis_down(exc) from exc
+        if lora:
+            workers = {w: beat for w, beat in workers.items() if beat.max_loras > 0}
         if not workers:
+            serving = "with LoRA adapters enabled " if lora else ""
             raise ProviderError(
-                f"No engine worker is serving model '{self.model}' right now.",
+                f"No engine worker {serving}is serving model '{self.model}' right now.",
                 retryable=True,
                 status_code=503,
                 code="no_worker_available",

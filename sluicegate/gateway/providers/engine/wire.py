@@ -119,6 +119,7 @@ def wire_request(
         parallel_tool_calls=request.parallel_tool_calls is not False,
         structured=_structured(request.output),
         chat_template_kwargs=_template_kwargs(request),
+        lora=request.lora,
     )
 
 

@@ -12,7 +12,10 @@ have vouched for them), so a request arriving meanwhile is submitted (the worker
 their consumer group and read it) rather than refused with a 503.
 ``pick_stream`` sends a request to the worker that served the same prompt prefix recently,
 when that worker is live, not out of KV room and not much busier than the least busy one;
-otherwise to the model's shared stream, which every worker reads.
+otherwise to the model's shared stream, which every worker reads. A request with a LoRA
+adapter never goes to the shared stream (a worker without LoRA could read it): it goes to one
+LoRA worker's own stream, the prefix's holder as above, else the least busy of those whose
+heartbeat lists the adapter, else the least busy of all (it loads the adapter from its path).
 """
 
 from __future__ import annotations
@@ -122,10 +125,39 @@ class EngineWorkers:
             default=0.0,
         )
 
-    async def pick_stream(self, hashes: list[int], workers: dict[str, protocol.Heartbeat]) -> str:
+    async def pick_stream(
+        self,
+        hashes: list[int],
+        workers: dict[str, protocol.Heartbeat],
+        adapter: str | None = None,
+    ) -> str:
+        """The stream for a request with these prefix hashes; with ``adapter``, ``workers`` are
+        the LoRA workers alone and the answer is always one of theirs."""
         shared = protocol.request_stream(self.model)
+        if adapter is not None:
+            return await self._lora_stream(hashes, workers, adapter)
         if not hashes:
             return shared
+        worker = await self._prefix_holder(hashes, workers)
+        return protocol.worker_stream(self.model, worker) if worker is not None else shared
+
+    async def _lora_stream(
+        self, hashes: list[int], workers: dict[str, protocol.Heartbeat], adapter: str
+    ) -> str:
+        worker = await self._prefix_holder(hashes, workers) if hashes else None
+        if worker is None:
+            holding = [w for w, beat in workers.items() if adapter in beat.loras]
+            worker = min(holding or workers, key=lambda w: self._load(w, workers[w]))
+        return protocol.worker_stream(self.model, worker)
+
+    def _load(self, worker: str, beat: protocol.Heartbeat) -> int:
+        return beat.num_waiting + self.outstanding.get(worker, 0)
+
+    async def _prefix_holder(
+        self, hashes: list[int], workers: dict[str, protocol.Heartbeat]
+    ) -> str | None:
+        """The live worker that served the deepest of these prefixes, unless it is out of KV
+        room or much busier than the least busy one."""
         try:
             async with asyncio.timeout(REDIS_TIMEOUT_S):
                 owners = await self._redis.mget(
@@ -143,13 +175,13 @@ class EngineWorkers:
             if beat is None or beat.kv_usage > KV_FULL:
                 continue
             if load[worker] <= least + AFFINITY_SLACK:
-                return protocol.worker_stream(self.model, worker)
+                return worker
             break
-        return shared
+        return None
 
     def load(self, workers: dict[str, protocol.Heartbeat]) -> dict[str, int]:
         """Requests queued on each worker, and those this provider has on it."""
-        return {w: beat.num_waiting + self.outstanding.get(w, 0) for w, beat in workers.items()}
+        return {w: self._load(w, beat) for w, beat in workers.items()}
 
     def count(self, worker: str, delta: int) -> None:
         self.outstanding[worker] = self.outstanding.get(worker, 0) + delta
