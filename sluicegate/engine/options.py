@@ -69,6 +69,9 @@ class EngineOptions:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     lora_modules: dict[str, str] | None = None
+    # Note every block entering and leaving the prefix cache, for the worker to publish
+    # (KV events, docs/kv-events.md); off for offline use, where nobody takes them.
+    kv_events: bool = False
 
     def __post_init__(self) -> None:
         # Checked here, before any model loads.

@@ -29,6 +29,10 @@ Redis Cluster keeps a model's streams on one slot):
   ``produced_key``), refreshed about twice a second and when it ends
 - control:    ``sg:{<model>}:ctl:<worker>``  commands to one worker (``LoadLora``,
   ``UnloadLora``); each answers a ``ControlReply`` on the command's ``reply_to`` stream
+- KV events:  ``sg:{<model>}:kv:<worker>``  what one worker's prefix cache gained and lost, a
+  ``KvEventBatch`` per engine step (field ``m``), capped length; ``sg:{<model>}:kvsnap:<worker>``
+  its latest ``KvSnapshot``; ``sg:{<model>}:tok:<digest>`` the ``TokenizerFiles`` its heartbeat's
+  ``tokenizer_digest`` names (docs/kv-events.md)
 """
 
 from __future__ import annotations
@@ -129,6 +133,18 @@ def produced_key(request_id: str) -> str:
 
 def control_stream(model: str, worker_id: str) -> str:
     return f"sg:{{{model}}}:ctl:{worker_id}"
+
+
+def kv_events_stream(model: str, worker_id: str) -> str:
+    return f"sg:{{{model}}}:kv:{worker_id}"
+
+
+def kv_snapshot_key(model: str, worker_id: str) -> str:
+    return f"sg:{{{model}}}:kvsnap:{worker_id}"
+
+
+def tokenizer_key(model: str, digest: str) -> str:
+    return f"sg:{{{model}}}:tok:{digest}"
 
 
 def worker_registry(model: str) -> str:
@@ -410,6 +426,12 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     loras: list[str] = msgspec.field(default_factory=list)
     """Names of the adapters the worker holds (in a step slot or in host memory), so routing
     prefers it for them; any LoRA worker can load others from their path."""
+    kv_events: bool = False
+    """The worker publishes its prefix cache's changes (``kv_events_stream``): a gateway may
+    route by the blocks it holds. False from older workers, and with ``--no-kv-events``."""
+    tokenizer_digest: str = ""
+    """Names the ``TokenizerFiles`` this worker published (``tokenizer_key``); empty: none (a
+    slow tokenizer, or no KV events), so a gateway cannot compute its block hashes."""
     v: int = msgspec.field(default_factory=_version)
 
 
@@ -447,6 +469,82 @@ class ControlReply(msgspec.Struct, tag="control_reply", omit_defaults=True):
     v: int = msgspec.field(default_factory=_version)
 
 
+class KvBlockStored(msgspec.Struct, tag="stored", array_like=True):
+    """A full block entered the prefix cache: its chained hash, its parent's (for a prompt's
+    first block: None, or a LoRA adapter's hash seed) and its tokens, so a reader can place it
+    in the chain."""
+
+    block_hash: int
+    parent_hash: int | None
+    token_ids: list[int]
+
+
+class KvBlockRemoved(msgspec.Struct, tag="removed", array_like=True):
+    """A cached block was evicted: a request can no longer reuse it."""
+
+    block_hash: int
+
+
+class KvAllCleared(msgspec.Struct, tag="cleared", array_like=True):
+    """The prefix cache is empty (the first batch of every worker start)."""
+
+
+KvEvent = KvBlockStored | KvBlockRemoved | KvAllCleared
+
+
+class KvEventBatch(msgspec.Struct, tag="kv_batch"):
+    """One engine step's prefix-cache changes, in order. ``seq`` counts a worker start's
+    batches from 0 (``epoch`` names that start), so a reader sees a batch it missed."""
+
+    worker_id: str
+    epoch: str
+    seq: int
+    block_size: int
+    events: list[KvEvent]
+    v: int = msgspec.field(default_factory=_version)
+
+
+class KvSnapshot(msgspec.Struct, tag="kv_snapshot"):
+    """Every block hash in a worker's prefix cache once batch ``seq`` of ``epoch`` applied; a
+    reader that lost track loads it, then reads the stream after entry ``after``, skipping the
+    batches up to ``seq``."""
+
+    worker_id: str
+    epoch: str
+    seq: int
+    after: str
+    block_size: int
+    block_hashes: list[int]
+    v: int = msgspec.field(default_factory=_version)
+
+
+class TokenizerFiles(msgspec.Struct, tag="tokenizer"):
+    """What a gateway needs to turn a request into the worker's prompt token ids without
+    torch or transformers: the fast tokenizer as the worker loaded it (``tokenizers`` JSON),
+    its chat template(s) and the special tokens the template sees."""
+
+    tokenizer_json: str
+    chat_template: str | dict[str, str] | None
+    special_tokens: dict[str, str | list[str]]
+    v: int = msgspec.field(default_factory=_version)
+
+
+KvMessage = KvEventBatch | KvSnapshot | TokenizerFiles
+_kv_decoder = msgspec.msgpack.Decoder(KvMessage)
+
+
+def decode_kv(data: bytes) -> KvMessage:
+    """A KV-event stream entry, a snapshot or tokenizer files (kept out of ``Message``: the
+    reply and request streams never carry them)."""
+    token = _decoding.set(True)
+    try:
+        return _kv_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise MalformedMessage(str(exc)) from exc
+    finally:
+        _decoding.reset(token)
+
+
 Message = (
     Request | Delta | Error | Cancel | Heartbeat | Batch | LoadLora | UnloadLora | ControlReply
 )
@@ -459,7 +557,7 @@ class MalformedMessage(ValueError):
     """A stream entry that is not a message of this protocol."""
 
 
-def encode(message: Message) -> bytes:
+def encode(message: Message | KvMessage) -> bytes:
     return _encoder.encode(message)
 
 

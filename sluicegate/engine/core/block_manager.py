@@ -22,6 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence as TokenIds
 
 from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.protocol import KvBlockRemoved, KvBlockStored, KvEvent
 
 
 def hash_block(parent_hash: int | None, token_ids: TokenIds[int]) -> int:
@@ -86,6 +87,19 @@ class BlockManager:
         self.num_shared_refs = 0
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.kv_events: list[KvEvent] | None = None
+        """Changes to the prefix cache since they were last taken (``record_events``)."""
+
+    def record_events(self) -> None:
+        """From now on, note each block entering and leaving the prefix cache in ``kv_events``
+        (its owner takes them every step, so a reader can follow the cache's contents)."""
+        self.kv_events = []
+
+    def take_events(self) -> list[KvEvent]:
+        if self.kv_events is None:
+            return []
+        events, self.kv_events = self.kv_events, []
+        return events
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -101,6 +115,10 @@ class BlockManager:
     @property
     def num_cached_free_blocks(self) -> int:
         return len(self._cached)
+
+    def cached_block_hashes(self) -> set[int]:
+        """Every hash a request could reuse now (held or evictable): what KV events describe."""
+        return set(self._hash_to_block)
 
     def cached_block_ids_lru(self) -> list[int]:
         """Evictable cached blocks, next to be evicted first."""
@@ -145,6 +163,9 @@ class BlockManager:
                 block = self.blocks[seq.block_table[index]]
                 block.block_hash = block_hash
                 self._hash_to_block[block_hash] = block.block_id
+                if self.kv_events is not None:
+                    block_tokens = list(tokens[index * size : (index + 1) * size])
+                    self.kv_events.append(KvBlockStored(block_hash, parent, block_tokens))
 
     # -- allocation -------------------------------------------------------------------------
 
@@ -253,6 +274,8 @@ class BlockManager:
             block = self.blocks[block_id]
             assert block.block_hash is not None, "only hashed blocks are kept as cached"
             del self._hash_to_block[block.block_hash]
+            if self.kv_events is not None:
+                self.kv_events.append(KvBlockRemoved(block.block_hash))
             block.block_hash = None
         self.blocks[block_id].ref_count = 1
         return block_id

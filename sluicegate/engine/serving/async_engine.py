@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,9 @@ class AsyncEngine:
         """Requests sent to the core process that its outputs have not counted yet."""
         self.failed = asyncio.Event()
         """Set when the engine core process died: a supervisor should restart us."""
+        self.on_kv_events: Callable[[list[protocol.KvEvent]], None] | None = None
+        """Called on the event loop with each step's prefix-cache changes, in step order
+        (``EngineOptions.kv_events``): the worker publishes them."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -103,7 +106,9 @@ class AsyncEngine:
         self.tokenizer = self.core.tokenizer
         self._stats = self.core.stats()
         self._stopping = False
-        self._steps = StepThread(self.core, loop, self._deliver, self._step_failed)
+        self._steps = StepThread(
+            self.core, loop, self._deliver, self._step_failed, self._kv_events_arrived
+        )
         self._steps.start()
 
     async def _start_process(self) -> None:
@@ -318,6 +323,8 @@ class AsyncEngine:
     def _on_output(self, output: core_channel.StepOutput) -> None:
         self._in_transit -= output.added
         self._stats = output.stats
+        if output.kv_events:
+            self._kv_events_arrived(output.kv_events)
         for done in output.replies:
             future = self._controls.pop(done.token, None)
             if future is None or future.done():
@@ -330,6 +337,10 @@ class AsyncEngine:
             error = _FAILURES.get(failed.kind, EngineStopped)
             self._streams.fail(failed.request_id, error(failed.message))
         self._streams.dispatch(output.deltas)
+
+    def _kv_events_arrived(self, events: list[protocol.KvEvent]) -> None:
+        if self.on_kv_events is not None:
+            self.on_kv_events(events)
 
     def _on_core_exit(self, reason: str) -> None:
         self._stopping = True

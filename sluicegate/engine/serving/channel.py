@@ -4,7 +4,7 @@ msgspec into typed values (the engine's own dataclasses travel as they are).
 Worker -> core: ``AddRequest`` (prompt already tokenized), ``AbortRequest``, ``Shutdown``,
 ``ControlCommand`` (load or unload a LoRA adapter).
 Core -> worker: ``Ready`` once the model is loaded, then ``StepOutput`` after every step or
-batch of commands (deltas, rejected requests, fresh scheduler stats), ``CoreFailed`` when the
+batch of commands (deltas, rejected requests, fresh scheduler stats, the prefix cache's changes), ``CoreFailed`` when the
 core cannot go on."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from sluicegate.engine.protocol import KvEvent
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.serving.request_delta import RequestDelta
 from sluicegate.engine.serving.request_options import RequestOptions
@@ -70,6 +71,8 @@ class StepOutput(msgspec.Struct, tag="out", array_like=True):
     """``AddRequest`` messages the core took in since its previous output."""
     replies: list[ControlDone] = msgspec.field(default_factory=list)
     """The ``ControlCommand``s done since its previous output."""
+    kv_events: list[KvEvent] = msgspec.field(default_factory=list)
+    """The prefix cache's changes in this step (with ``EngineOptions.kv_events``)."""
 
 
 class CoreFailed(msgspec.Struct, tag="failed", array_like=True):

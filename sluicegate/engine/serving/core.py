@@ -21,7 +21,7 @@ from sluicegate.engine.models.loader import shard_plan
 from sluicegate.engine.options import EngineOptions, resolve_device
 from sluicegate.engine.parallel.ranks import RankGroup, agree_on_blocks
 from sluicegate.engine.parallel.shard import TensorParallel
-from sluicegate.engine.protocol import Usage
+from sluicegate.engine.protocol import KvEvent, Usage
 from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
@@ -105,6 +105,8 @@ class EngineCore:
                 max_loras=options.max_loras,
             )
         )
+        if options.kv_events:
+            self.scheduler.block_manager.record_events()
         self.sampler = Sampler(self.device, options.seed, max_rows=options.max_num_seqs)
         self.eos_token_ids = self.tokenizer.eos_token_ids | set(config.eos_token_ids)
         template = self.tokenizer.chat_template
@@ -525,6 +527,10 @@ class EngineCore:
         return delta
 
     # -- state ------------------------------------------------------------------------------
+
+    def take_kv_events(self) -> list[KvEvent]:
+        """The prefix cache's changes since the last call (none unless ``options.kv_events``)."""
+        return self.scheduler.block_manager.take_events()
 
     def stats(self) -> dict[str, Any]:
         stats = self.scheduler.stats()

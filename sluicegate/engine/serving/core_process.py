@@ -165,9 +165,11 @@ class CoreLoop:
                 failed.append(channel.RequestFailed(request_id, message, "failed"))
         stats = core.stats()
         stats["num_pending"] = len(self.pending)
+        kv_events = core.take_kv_events()
         # A step that changed nothing (say, nothing fit in the cache) sends nothing.
-        if deltas or failed or self.added or self.replies or stats != self._sent_stats:
-            self._send(channel.StepOutput(deltas, failed, stats, self.added, self.replies))
+        if deltas or failed or self.added or self.replies or kv_events or stats != self._sent_stats:
+            output = channel.StepOutput(deltas, failed, stats, self.added, self.replies, kv_events)
+            self._send(output)
             self._sent_stats = stats
             self.added = 0
             self.replies = []

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from sluicegate.engine.protocol import KvEvent
 from sluicegate.engine.serving.core import EngineCore
 from sluicegate.engine.serving.core_steps import PendingRequest, abort_all, abort_delta, apply
 from sluicegate.engine.serving.request_delta import RequestDelta
@@ -34,13 +35,16 @@ class StepThread:
         loop: asyncio.AbstractEventLoop,
         deliver: Deliver,
         failed: Callable[[Exception], None],
+        kv_events: Callable[[list[KvEvent]], None] | None = None,
     ) -> None:
         """``failed`` is called on the event loop when a step raised: every request in flight
-        was aborted in the engine, and their streams should end with the error."""
+        was aborted in the engine, and their streams should end with the error; ``kv_events``
+        with each step's prefix-cache changes, in step order."""
         self._core = core
         self._loop = loop
         self._deliver = deliver
         self._failed = failed
+        self._kv_events = kv_events
         self._lock = threading.Lock()
         self._work = threading.Event()
         self._pending: list[PendingRequest] = []
@@ -127,6 +131,9 @@ class StepThread:
                 abort_all(core)
                 self._post(self._failed, exc)
                 return True
+        kv_events = core.take_kv_events()
+        if kv_events and self._kv_events is not None:
+            self._post(self._kv_events, kv_events)
         if deltas or errors or ready or aborts:
             self._post(self._deliver, deltas, errors, core.stats())
         if not core.has_unfinished():

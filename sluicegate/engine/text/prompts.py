@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from sluicegate.engine.serving.request_options import RequestOptions
-from sluicegate.engine.text.tokenizer import Tokenizer, template_tools
+from sluicegate.engine.text.template_inputs import template_tools
+from sluicegate.engine.text.tokenizer import Tokenizer
 
 
 def prompt_ids(

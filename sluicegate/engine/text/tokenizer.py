@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from sluicegate.engine.text.template_inputs import message_dict
 
 # Prompt tokens decoded together with the first output tokens, so that a word-initial token
 # gets its leading space (SentencePiece-style decoders drop it at the start of a text).
@@ -59,57 +61,13 @@ class Tokenizer:
         if not self.hf.chat_template:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
         text = self.hf.apply_chat_template(
-            [_message_dict(m) for m in messages],
+            [message_dict(m) for m in messages],
             add_generation_prompt=True,
             tokenize=False,
             **template_kwargs,
         )
         # The template already wrote any BOS it wants; adding special tokens would double it.
         return list(self.hf.encode(text, add_special_tokens=False))
-
-
-def _message_dict(message: Any) -> dict[str, Any]:
-    if isinstance(message, Mapping):
-        fields = dict(message)
-    else:
-        fields = {"role": message.role, "content": message.content or ""}
-        for name in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
-            if getattr(message, name, None):
-                fields[name] = getattr(message, name)
-    if fields.get("tool_calls"):
-        fields["tool_calls"] = [_template_tool_call(call) for call in fields["tool_calls"]]
-    return fields
-
-
-def _template_tool_call(call: Any) -> dict[str, Any]:
-    """An earlier turn's call in the shape chat templates read (Hugging Face's convention:
-    ``function.arguments`` a mapping, which templates serialise with ``tojson``)."""
-    if isinstance(call, Mapping) and "function" in call:
-        return dict(call)
-    get = call.get if isinstance(call, Mapping) else lambda key: getattr(call, key, None)
-    arguments: Any = get("arguments") or "{}"
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
-    return {
-        "id": get("id"),
-        "type": "function",
-        "function": {"name": get("name"), "arguments": arguments},
-    }
-
-
-def template_tools(tools: list[Any]) -> list[dict[str, Any]]:
-    """Tools in the OpenAI shape chat templates expect (``{"type": "function", ...}``)."""
-    rendered = []
-    for tool in tools:
-        function: dict[str, Any] = {"name": tool.name}
-        if tool.description:
-            function["description"] = tool.description
-        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
-        rendered.append({"type": "function", "function": function})
-    return rendered
 
 
 def _decoded_vocab(hf: PreTrainedTokenizerBase) -> list[bytes]:

@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         "off; on this project's 2-core CPU machine it measured no faster, see bench/e2e.py)",
     )
     engine.add_argument(
+        "--kv-events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="publish the prefix cache's changes on Redis so gateways route requests to the "
+        "worker holding their prefix (docs/kv-events.md; default: on)",
+    )
+    engine.add_argument(
         "--speculative-config",
         type=_speculative_config,
         help='speculative decoding as vLLM spells it, e.g. \'{"method": "ngram", '
@@ -187,6 +194,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["enforce_eager"] = True
     if args.cpu_compile:
         kwargs["cpu_compile"] = True
+    if args.kv_events and not args.no_prefix_caching:
+        kwargs["kv_events"] = True
     return kwargs
 
 

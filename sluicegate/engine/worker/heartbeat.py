@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sluicegate.engine import protocol
+from sluicegate.engine.kv_events.publisher import KvEventPublisher
 from sluicegate.engine.worker.liveness import LivenessThread
 from sluicegate.engine.worker.metrics import WorkerMetrics
 from sluicegate.engine.worker.options import WORKER_VERSION, WorkerOptions
@@ -39,6 +40,7 @@ class Heartbeats:
         self.server = server
         self.liveness = liveness
         self.draining = draining
+        self.kv_events: KvEventPublisher | None = None
 
     async def run(self) -> None:
         interval = self.options.heartbeat_interval_s
@@ -91,6 +93,8 @@ class Heartbeats:
             max_loras=int(stats.get("max_loras", 0) or 0),
             max_lora_rank=int(stats.get("max_lora_rank", 0) or 0),
             loras=list(stats.get("loras") or []),
+            kv_events=self.kv_events is not None and self.kv_events.started,
+            tokenizer_digest=self.kv_events.tokenizer_digest if self.kv_events is not None else "",
         )
 
 

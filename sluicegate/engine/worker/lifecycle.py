@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 
 from sluicegate.engine import protocol
+from sluicegate.engine.kv_events.publisher import KvEventPublisher
 from sluicegate.engine.worker.admission import Admission
 from sluicegate.engine.worker.cancels import CancelListener
 from sluicegate.engine.worker.heartbeat import Heartbeats
@@ -79,9 +80,20 @@ class Worker:
             interval_s=options.heartbeat_interval_s,
             ttl_s=options.heartbeat_ttl_s,
         )
+        self.kv_events: KvEventPublisher | None = None
+        if engine.options.kv_events:
+            self.kv_events = KvEventPublisher(
+                redis,
+                options.model_name,
+                options.worker_id,
+                engine.options.block_size,
+                engine.tokenizer.hf if engine.tokenizer is not None else None,
+            )
+            engine.on_kv_events = self.kv_events.add
         self.heartbeats = Heartbeats(
             engine, options, self.metrics, self.server, self.liveness, lambda: self._draining
         )
+        self.heartbeats.kv_events = self.kv_events
 
     @property
     def in_flight(self) -> dict[str, InFlight]:
@@ -107,6 +119,8 @@ class Worker:
             asyncio.create_task(self.cancels.run(), name="cancels"),
             asyncio.create_task(self.writer.run(), name="writes"),
         ]
+        if self.kv_events is not None:
+            self._tasks.append(asyncio.create_task(self.kv_events.run(), name="kv-events"))
         await stop.wait()
         await self._drain()
 

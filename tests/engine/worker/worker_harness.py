@@ -84,3 +84,44 @@ async def running_worker(model_dir: Path, **engine_options: Any) -> AsyncIterato
         if keys:
             await redis.delete(*keys)
         await redis.aclose()
+
+
+@asynccontextmanager
+async def kv_worker(
+    model_dir: Path,
+    redis: aioredis.Redis,
+    model: str,
+    worker_id: str = "w1",
+    num_kv_blocks: int = 24,
+) -> AsyncIterator[WorkerHarness]:
+    """A worker publishing KV events (a snapshot every 0.2 s) with a small cache."""
+    engine = AsyncEngine(model_dir, num_kv_blocks=num_kv_blocks, kv_events=True)
+    await engine.start()
+    # A long heartbeat TTL: a loaded test machine must not make the worker look gone (its
+    # index would be dropped and built afresh, hiding what a test watches).
+    options = WorkerOptions(model_name=model, worker_id=worker_id, heartbeat_ttl_s=30.0)
+    worker = Worker(engine, redis, options)
+    assert worker.kv_events is not None
+    worker.kv_events.snapshot_interval_s = 0.2
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield WorkerHarness(redis, model, engine, worker)
+    finally:
+        stop.set()
+        await task
+        await engine.shutdown()
+
+
+@asynccontextmanager
+async def redis_for_test(redis_url: str) -> AsyncIterator[tuple[aioredis.Redis, str]]:
+    """A client and a fresh model name; every key of that model is deleted afterwards."""
+    model = f"test-kv-{uuid.uuid4().hex[:8]}"
+    redis = aioredis.from_url(redis_url)
+    try:
+        yield redis, model
+    finally:
+        keys = [k async for k in redis.scan_iter(f"*{model}*")]
+        if keys:
+            await redis.delete(*keys)
+        await redis.aclose()

@@ -1,9 +1,9 @@
 """Prefix affinity without tokenizing: which engine worker last served a prompt's prefix.
 
-The gateway never tokenizes, so it cannot compute the engine's block hashes. It hashes the
-prompt as the client sent it instead: a chain of hashes over fixed-size character chunks of
-the rendered messages (or the prompt), each hash covering everything before it, like the
-engine's block-hash chain. When a worker serves a request, the gateway maps the request's
+Where workers publish no KV events (docs/kv-events.md) the gateway cannot compute the engine's
+block hashes. It hashes the prompt as the client sent it instead: a chain of hashes over
+fixed-size character chunks of the rendered messages (or the prompt), each hash covering
+everything before it, like the engine's block-hash chain. When a worker serves a request, the gateway maps the request's
 prefix hashes to that worker in Redis (short TTL). A later request sharing the prefix finds
 the deepest mapped hash and goes to that worker's own stream, where its KV blocks are likely
 still cached, unless that worker is much busier than the others. A request with a LoRA

@@ -1,8 +1,10 @@
 """Our engine workers as a provider: requests over Redis Streams, deltas back the same way.
 
 A request is XADDed to the model's stream (read by the workers' consumer group) or, when a
-live and not overloaded worker served the same prompt prefix recently, to that worker's own
-stream. Deltas come back on this provider's reply stream (one reader for all its requests).
+live and not overloaded worker holds the request's prompt prefix in its KV cache (as its KV
+events say: kv_routing.py) or, where workers publish none, served the same prompt prefix
+recently, to that worker's own stream. Deltas come back on this provider's reply stream (one
+reader for all its requests).
 The provider never waits blindly: every request has a deadline, a first-token timeout, and a
 watch on the heartbeat of the worker serving it. When the client goes away the worker is told
 to abort (pub/sub) and a request nobody picked up yet is deleted from its stream.
@@ -35,6 +37,7 @@ from sluicegate.gateway.providers.engine.call import (
     WorkerLost,
     redis_down,
 )
+from sluicegate.gateway.providers.engine.kv_routing import KvRouter
 from sluicegate.gateway.providers.engine.liveness import (
     LOST_MESSAGE,
     LivenessWatch,
@@ -88,6 +91,7 @@ class EngineProvider:
         reply_id = f"gw-{settings.instance_id}-{uuid.uuid4().hex[:8]}"
         self._replies = ReplyReader(self._redis, protocol.reply_stream(reply_id))
         self.workers = EngineWorkers(self._redis, model, settings.worker_heartbeat_ttl_s)
+        self.kv_routing = KvRouter(self._redis, model, self.workers)
         self._watch = LivenessWatch(self._redis, model, settings, self.workers)
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -128,7 +132,7 @@ class EngineProvider:
         hashes = prefix_hashes(rendered, adapter=adapter) if affinity else []
         call = EngineCall(request.request_id, deadline, request.sampling.n)
         try:
-            stream = await self.workers.pick_stream(hashes, workers, adapter)
+            stream = await self._pick_stream(message, hashes, workers, adapter)
             while True:
                 try:
                     async for chunk in self._attempt(call, message, stream):
@@ -144,6 +148,24 @@ class EngineProvider:
         finally:
             if call.counted_on:
                 self.workers.count(call.counted_on, -1)
+
+    async def _pick_stream(
+        self,
+        message: protocol.Request,
+        hashes: list[int],
+        workers: dict[str, protocol.Heartbeat],
+        adapter: str | None = None,
+    ) -> str:
+        """By the workers' KV caches where they publish them (requests without an adapter),
+        else by text-hash affinity (for an adapter: among the LoRA workers ``workers`` holds)."""
+        if adapter is None and self.prefix_affinity and len(workers) > 1:
+            blocks = await self.kv_routing.block_hashes(message, workers)
+            if blocks is not None:
+                worker = await self.kv_routing.pick(blocks, workers, self.workers.load(workers))
+                if worker is None:
+                    return protocol.request_stream(self.model)
+                return protocol.worker_stream(self.model, worker)
+        return await self.workers.pick_stream(hashes, workers, adapter)
 
     async def _resume_stream(self, adapter: str | None, lost_worker: str | None) -> str:
         """Where a lost request goes again: the shared stream, or for an adapter another LoRA
@@ -316,6 +338,7 @@ class EngineProvider:
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
+        await self.kv_routing.aclose()
         await self._replies.aclose()
         if self._background:
             await asyncio.wait(self._background, timeout=2.0)

@@ -34,8 +34,10 @@ logger = logging.getLogger("sluicegate.gateway.providers.engine.provider")
 
 _WORKERS_CACHE_S = 0.25
 _AFFINITY_TTL_S = 600
-_AFFINITY_SLACK = 4
+AFFINITY_SLACK = 4
 """How many more queued requests the prefix-holding worker may have than the least busy one."""
+KV_FULL = 0.95
+"""KV usage above which a worker is not sent requests for their prefix."""
 
 
 class EngineWorkers:
@@ -163,19 +165,23 @@ class EngineWorkers:
                 )
         except (RedisError, OSError, TimeoutError) as exc:
             raise redis_down(exc) from exc
-        load = {w: self._load(w, beat) for w, beat in workers.items()}
+        load = self.load(workers)
         least = min(load.values())
         for owner in reversed(owners):
             if owner is None:
                 continue
             worker = text(owner)
             beat = workers.get(worker)
-            if beat is None or beat.kv_usage > 0.95:
+            if beat is None or beat.kv_usage > KV_FULL:
                 continue
-            if load[worker] <= least + _AFFINITY_SLACK:
+            if load[worker] <= least + AFFINITY_SLACK:
                 return worker
             break
         return None
+
+    def load(self, workers: dict[str, protocol.Heartbeat]) -> dict[str, int]:
+        """Requests queued on each worker, and those this provider has on it."""
+        return {w: self._load(w, beat) for w, beat in workers.items()}
 
     def count(self, worker: str, delta: int) -> None:
         self.outstanding[worker] = self.outstanding.get(worker, 0) + delta
