@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextvars
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -82,7 +82,7 @@ version from 1 up, so readers assume the oldest."""
 _decoding: contextvars.ContextVar[bool] = contextvars.ContextVar("_decoding", default=False)
 
 
-def _version() -> int:
+def writer_version() -> int:
     """``v``'s default: the writer's own version for a message built here, ``LEGACY_VERSION``
     for one decoded without ``v``. A default factory, because ``omit_defaults`` never omits a
     field whose default comes from one (only empty containers), so ``v`` is always encoded."""
@@ -287,7 +287,7 @@ class Request(msgspec.Struct, tag="request", omit_defaults=True):
     lora: LoraAdapter | None = None
     """Run with this adapter on the base model (``None``: the base model alone). A worker
     without LoRA enabled answers ``invalid_request``; never the base model's tokens."""
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
     def reply_key(self) -> str:
         return self.reply_to or reply_stream(self.request_id)
@@ -357,7 +357,7 @@ class Delta(msgspec.Struct, tag="delta", omit_defaults=True):
     the ``resume_token_ids`` an earlier attempt streamed. A reaper bills a dead gateway
     replica's stream by the latest one it had read (``sluicegate.gateway.leases.reaper``); 0 from a worker
     before version 5."""
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 ErrorCode = Literal[
@@ -378,12 +378,12 @@ class Error(msgspec.Struct, tag="error", omit_defaults=True):
     message: str
     usage: Usage | None = None
     worker_id: str = ""
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 class Cancel(msgspec.Struct, tag="cancel"):
     request_id: str
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
@@ -432,14 +432,14 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", omit_defaults=True):
     tokenizer_digest: str = ""
     """Names the ``TokenizerFiles`` this worker published (``tokenizer_key``); empty: none (a
     slow tokenizer, or no KV events), so a gateway cannot compute its block hashes."""
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 class Batch(msgspec.Struct, tag="batch"):
     """Replies of one engine step that go to the same reply stream, in order, in one entry."""
 
     messages: list[Delta | Error]
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 class LoadLora(msgspec.Struct, tag="load_lora", omit_defaults=True):
@@ -447,7 +447,7 @@ class LoadLora(msgspec.Struct, tag="load_lora", omit_defaults=True):
 
     adapter: LoraAdapter
     reply_to: str
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 class UnloadLora(msgspec.Struct, tag="unload_lora", omit_defaults=True):
@@ -456,7 +456,7 @@ class UnloadLora(msgspec.Struct, tag="unload_lora", omit_defaults=True):
 
     name: str
     reply_to: str
-    v: int = msgspec.field(default_factory=_version)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 class ControlReply(msgspec.Struct, tag="control_reply", omit_defaults=True):
@@ -466,89 +466,14 @@ class ControlReply(msgspec.Struct, tag="control_reply", omit_defaults=True):
     worker_id: str
     ok: bool
     message: str = ""
-    v: int = msgspec.field(default_factory=_version)
-
-
-class KvBlockStored(msgspec.Struct, tag="stored", array_like=True):
-    """A full block entered the prefix cache: its chained hash, its parent's (for a prompt's
-    first block: None, or a LoRA adapter's hash seed) and its tokens, so a reader can place it
-    in the chain."""
-
-    block_hash: int
-    parent_hash: int | None
-    token_ids: list[int]
-
-
-class KvBlockRemoved(msgspec.Struct, tag="removed", array_like=True):
-    """A cached block was evicted: a request can no longer reuse it."""
-
-    block_hash: int
-
-
-class KvAllCleared(msgspec.Struct, tag="cleared", array_like=True):
-    """The prefix cache is empty (the first batch of every worker start)."""
-
-
-KvEvent = KvBlockStored | KvBlockRemoved | KvAllCleared
-
-
-class KvEventBatch(msgspec.Struct, tag="kv_batch"):
-    """One engine step's prefix-cache changes, in order. ``seq`` counts a worker start's
-    batches from 0 (``epoch`` names that start), so a reader sees a batch it missed."""
-
-    worker_id: str
-    epoch: str
-    seq: int
-    block_size: int
-    events: list[KvEvent]
-    v: int = msgspec.field(default_factory=_version)
-
-
-class KvSnapshot(msgspec.Struct, tag="kv_snapshot"):
-    """Every block hash in a worker's prefix cache once batch ``seq`` of ``epoch`` applied; a
-    reader that lost track loads it, then reads the stream after entry ``after``, skipping the
-    batches up to ``seq``."""
-
-    worker_id: str
-    epoch: str
-    seq: int
-    after: str
-    block_size: int
-    block_hashes: list[int]
-    v: int = msgspec.field(default_factory=_version)
-
-
-class TokenizerFiles(msgspec.Struct, tag="tokenizer"):
-    """What a gateway needs to turn a request into the worker's prompt token ids without
-    torch or transformers: the fast tokenizer as the worker loaded it (``tokenizers`` JSON),
-    its chat template(s) and the special tokens the template sees."""
-
-    tokenizer_json: str
-    chat_template: str | dict[str, str] | None
-    special_tokens: dict[str, str | list[str]]
-    v: int = msgspec.field(default_factory=_version)
-
-
-KvMessage = KvEventBatch | KvSnapshot | TokenizerFiles
-_kv_decoder = msgspec.msgpack.Decoder(KvMessage)
-
-
-def decode_kv(data: bytes) -> KvMessage:
-    """A KV-event stream entry, a snapshot or tokenizer files (kept out of ``Message``: the
-    reply and request streams never carry them)."""
-    token = _decoding.set(True)
-    try:
-        return _kv_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise MalformedMessage(str(exc)) from exc
-    finally:
-        _decoding.reset(token)
+    v: int = msgspec.field(default_factory=writer_version)
 
 
 Message = (
     Request | Delta | Error | Cancel | Heartbeat | Batch | LoadLora | UnloadLora | ControlReply
 )
 
+Decoded = TypeVar("Decoded")
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
@@ -557,16 +482,21 @@ class MalformedMessage(ValueError):
     """A stream entry that is not a message of this protocol."""
 
 
-def encode(message: Message | KvMessage) -> bytes:
+def encode(message: msgspec.Struct) -> bytes:
+    """Any message of this protocol, or of ``sluicegate.engine.kv_events.messages``."""
     return _encoder.encode(message)
 
 
 def decode(data: bytes) -> Message:
+    return decode_with(_decoder, data)
+
+
+def decode_with(decoder: msgspec.msgpack.Decoder[Decoded], data: bytes) -> Decoded:
+    """``data`` by ``decoder``, a message without ``v`` read as ``LEGACY_VERSION``'s."""
     token = _decoding.set(True)
     try:
-        message = _decoder.decode(data)
+        return decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise MalformedMessage(str(exc)) from exc
     finally:
         _decoding.reset(token)
-    return message

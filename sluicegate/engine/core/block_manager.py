@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence as TokenIds
 
 from sluicegate.engine.core.sequence import Sequence
-from sluicegate.engine.protocol import KvBlockRemoved, KvBlockStored, KvEvent
+from sluicegate.engine.kv_events.messages import KvBlockRemoved, KvBlockStored, KvEvent
 
 
 def hash_block(parent_hash: int | None, token_ids: TokenIds[int]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sluicegate.engine import protocol
+from sluicegate.engine.kv_events import messages as kv_messages
 
 
 class BlockSet:
@@ -13,11 +13,11 @@ class BlockSet:
         self.parents: dict[int, int | None] = {}
         """Cached block hash -> its parent's hash (None for a first block)."""
 
-    def apply(self, events: Iterable[protocol.KvEvent]) -> None:
+    def apply(self, events: Iterable[kv_messages.KvEvent]) -> None:
         for event in events:
-            if isinstance(event, protocol.KvBlockStored):
+            if isinstance(event, kv_messages.KvBlockStored):
                 self.parents[event.block_hash] = event.parent_hash
-            elif isinstance(event, protocol.KvBlockRemoved):
+            elif isinstance(event, kv_messages.KvBlockRemoved):
                 self.parents.pop(event.block_hash, None)
             else:
                 self.parents.clear()

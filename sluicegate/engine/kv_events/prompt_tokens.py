@@ -10,18 +10,19 @@ import msgspec
 from tokenizers import Tokenizer
 
 from sluicegate.engine import protocol
+from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.text.chat_render import pick_template, render_chat
 from sluicegate.engine.text.template_inputs import message_dict, template_tools
 
 
-def tokenizer_digest(files: protocol.TokenizerFiles) -> str:
+def tokenizer_digest(files: kv_messages.TokenizerFiles) -> str:
     """The name a worker publishes ``files`` under: equal files, equal name, so workers of
     one checkpoint share one copy."""
     return hashlib.blake2b(protocol.encode(files), digest_size=12).hexdigest()
 
 
 class PromptTokenizer:
-    def __init__(self, files: protocol.TokenizerFiles) -> None:
+    def __init__(self, files: kv_messages.TokenizerFiles) -> None:
         self.files = files
         self.tokenizer = Tokenizer.from_str(files.tokenizer_json)
 

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from sluicegate.engine import protocol
+from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.block_set import BlockSet
 from sluicegate.engine.kv_events.prompt_tokens import tokenizer_digest
 from sluicegate.engine.kv_events.tokenizer_files import tokenizer_files
@@ -64,7 +65,7 @@ class KvEventPublisher:
         self.started = False
         """The start's first batch (the cache is empty), a snapshot and the tokenizer are in
         Redis: the heartbeat tells gateways they can follow this worker's cache."""
-        self._pending: list[list[protocol.KvEvent]] = [[protocol.KvAllCleared()]]
+        self._pending: list[list[kv_messages.KvEvent]] = [[kv_messages.KvAllCleared()]]
         self._wake = asyncio.Event()
         self._snapshot_seq = -1
         self._snapshot_at = 0.0
@@ -73,7 +74,7 @@ class KvEventPublisher:
         self._tokenizer = protocol.encode(files) if files is not None else None
         self.tokenizer_digest = tokenizer_digest(files) if files is not None else ""
 
-    def add(self, events: list[protocol.KvEvent]) -> None:
+    def add(self, events: list[kv_messages.KvEvent]) -> None:
         """One engine step's changes (``AsyncEngine.on_kv_events``), on the event loop."""
         self._pending.append(events)
         self._wake.set()
@@ -100,7 +101,7 @@ class KvEventPublisher:
             for events in batches:
                 self.seq += 1
                 self.blocks.apply(events)
-                batch = protocol.KvEventBatch(
+                batch = kv_messages.KvEventBatch(
                     self.worker_id, self.epoch, self.seq, self.block_size, events
                 )
                 pipe.xadd(
@@ -124,7 +125,7 @@ class KvEventPublisher:
         pipe = self.redis.pipeline(transaction=False)
         rewrite = self.seq != self._snapshot_seq or self._snapshot_due
         if rewrite:
-            snapshot = protocol.KvSnapshot(
+            snapshot = kv_messages.KvSnapshot(
                 self.worker_id,
                 self.epoch,
                 self.seq,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluicegate.engine import protocol
+from sluicegate.engine.kv_events import messages as kv_messages
 
 
-def tokenizer_files(hf_tokenizer: Any) -> protocol.TokenizerFiles | None:
+def tokenizer_files(hf_tokenizer: Any) -> kv_messages.TokenizerFiles | None:
     """From a transformers tokenizer; None for a slow (Python) one, which has no ``tokenizers``
     form: a gateway then routes that model's requests by text hashing."""
     if not getattr(hf_tokenizer, "is_fast", False):
@@ -20,7 +20,7 @@ def tokenizer_files(hf_tokenizer: Any) -> protocol.TokenizerFiles | None:
             special[name] = value
         elif isinstance(value, list):
             special[name] = [str(v) for v in value]
-    return protocol.TokenizerFiles(
+    return kv_messages.TokenizerFiles(
         # The backend as loaded, with whatever transformers changed at load (BOS handling).
         tokenizer_json=hf_tokenizer.backend_tokenizer.to_str(),
         chat_template=dict(template) if isinstance(template, dict) else template,

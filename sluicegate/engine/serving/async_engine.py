@@ -19,6 +19,7 @@ from typing import Any
 
 from sluicegate.engine import protocol
 from sluicegate.engine.core.scheduler import RequestRejected
+from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.options import EngineOptions
 from sluicegate.engine.parallel.ranks import RankLost
 from sluicegate.engine.sample.logprobs import wire_logprobs
@@ -88,7 +89,7 @@ class AsyncEngine:
         """Requests sent to the core process that its outputs have not counted yet."""
         self.failed = asyncio.Event()
         """Set when the engine core process died: a supervisor should restart us."""
-        self.on_kv_events: Callable[[list[protocol.KvEvent]], None] | None = None
+        self.on_kv_events: Callable[[list[kv_messages.KvEvent]], None] | None = None
         """Called on the event loop with each step's prefix-cache changes, in step order
         (``EngineOptions.kv_events``): the worker publishes them."""
 
@@ -338,7 +339,7 @@ class AsyncEngine:
             self._streams.fail(failed.request_id, error(failed.message))
         self._streams.dispatch(output.deltas)
 
-    def _kv_events_arrived(self, events: list[protocol.KvEvent]) -> None:
+    def _kv_events_arrived(self, events: list[kv_messages.KvEvent]) -> None:
         if self.on_kv_events is not None:
             self.on_kv_events(events)
 

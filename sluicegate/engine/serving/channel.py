@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from sluicegate.engine.protocol import KvEvent
+from sluicegate.engine.kv_events.messages import KvEvent
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.serving.request_delta import RequestDelta
 from sluicegate.engine.serving.request_options import RequestOptions

@@ -15,14 +15,10 @@ from sluicegate.engine.core.config import SchedulerConfig
 from sluicegate.engine.core.scheduler import Scheduler
 from sluicegate.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from sluicegate.engine.core.sequence import Sequence
+from sluicegate.engine.kv_events.messages import KvEvent
 from sluicegate.engine.lora import lora_manager
-from sluicegate.engine.models.gguf import checkpoint_folder
-from sluicegate.engine.models.loader import shard_plan
 from sluicegate.engine.options import EngineOptions, resolve_device
-from sluicegate.engine.parallel.ranks import RankGroup, agree_on_blocks
-from sluicegate.engine.parallel.shard import TensorParallel
-from sluicegate.engine.protocol import KvEvent, Usage
-from sluicegate.engine.runner.build import build_runner, context_length, load_engine_model
+from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
@@ -31,15 +27,13 @@ from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.sampler import Sampler
 from sluicegate.engine.sample.slots import BatchRows, derived_seed
+from sluicegate.engine.serving.core_build import load_model_side
 from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings, fill_text
 from sluicegate.engine.serving.request_options import RequestOptions
-from sluicegate.engine.serving.speculation import Speculator, speculable
-from sluicegate.engine.spec.config import SpeculativeConfig
-from sluicegate.engine.spec.draft_model import load_draft_model
+from sluicegate.engine.serving.speculation import speculable
 from sluicegate.engine.text.choices import Choice, RequestGroup
 from sluicegate.engine.text.prompts import prompt_ids
 from sluicegate.engine.text.reasoning import template_has_reasoning
-from sluicegate.engine.text.tokenizer import Tokenizer
 from sluicegate.engine.text.tool_parsers import detect_tool_parser, make_tool_parser
 
 logger = logging.getLogger(__name__)
@@ -65,33 +59,10 @@ class EngineCore:
         self.device = resolve_device(options.device)
         if self.device.type == "cpu" and options.num_threads:
             torch.set_num_threads(options.num_threads)
-        spec_config = None
-        if options.speculative_config is not None:
-            spec_config = SpeculativeConfig.parse(options.speculative_config)
-            if spec_config.model is not None and options.tensor_parallel_size > 1:
-                raise ValueError("draft-model speculation is not served with tensor parallelism")
-        if options.max_loras and options.tensor_parallel_size > 1:
-            # The adapters' matrices would need the base weights' split on every rank.
-            raise ValueError("LoRA adapters are not served with tensor parallelism yet")
-        # A GGUF file is served from the Hugging Face folder it converts to (once).
-        model = checkpoint_folder(model)
-        self.tokenizer = Tokenizer(model)
-        self.ranks: RankGroup | None = None
-        tp = None
-        if options.tensor_parallel_size > 1:
-            plan = shard_plan(model, 0, options.tensor_parallel_size)  # refuses bad splits first
-            self.ranks = RankGroup(model, options)
-            tp = TensorParallel(plan)
-        try:
-            self.model, self.loras = load_engine_model(model, self.device, options, tp)
-            max_model_len = context_length(self.model, options)
-            self.runner = build_runner(self.model, self.device, options, max_model_len, self.loras)
-            if self.ranks is not None:
-                self.runner.resize_kv_cache(agree_on_blocks(self.runner.num_kv_blocks))
-                self.runner.ranks = self.ranks
-        except BaseException:
-            self.close()
-            raise
+        side = load_model_side(model, options, self.device)
+        self.tokenizer, self.model, self.loras = side.tokenizer, side.model, side.loras
+        self.runner, self.ranks = side.runner, side.ranks
+        max_model_len = side.max_model_len
         config = self.model.config
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -124,21 +95,16 @@ class EngineCore:
         """Live choices by sequence id; a request's choice 0 has the request's own id."""
         self._groups: dict[str, RequestGroup] = {}
         self._num_guided = 0
+        """Live choices with a grammar guide: while there are any, steps do not overlap."""
         self._num_unforked = 0
         """Live requests (n > 1) whose choices are still to be forked from choice 0."""
-        """Live choices with a grammar guide: while there are any, steps do not overlap."""
         self.async_scheduling = (
             self.device.type == "cuda"
             if options.async_scheduling is None
             else options.async_scheduling
         )
         self._in_flight: _Launched | None = None
-        self.speculator: Speculator | None = None
-        if spec_config is not None:
-            draft = None
-            if spec_config.model is not None:
-                draft = load_draft_model(spec_config.model, self.runner, options)
-            self.speculator = Speculator(spec_config, draft)
+        self.speculator = side.speculator
         self.num_generated_tokens = 0
         self.started_at = time.monotonic()
         self.step_time_s = 0.0

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sluicegate.engine.protocol import KvEvent
+from sluicegate.engine.kv_events.messages import KvEvent
 from sluicegate.engine.serving.core import EngineCore
 from sluicegate.engine.serving.core_steps import PendingRequest, abort_all, abort_delta, apply
 from sluicegate.engine.serving.request_delta import RequestDelta

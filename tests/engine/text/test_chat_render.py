@@ -14,6 +14,7 @@ import pytest
 
 from sluicegate.engine import protocol
 from sluicegate.engine.demo_model import smollm2_gguf
+from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.prompt_tokens import PromptTokenizer, tokenizer_digest
 from sluicegate.engine.kv_events.tokenizer_files import tokenizer_files
 from sluicegate.engine.models.gguf import checkpoint_folder
@@ -93,8 +94,8 @@ def check(folder: Path) -> None:
     files = tokenizer_files(tokenizer.hf)
     assert files is not None
     # What travels through Redis is what the gateway uses.
-    files = protocol.decode_kv(protocol.encode(files))
-    assert isinstance(files, protocol.TokenizerFiles)
+    files = kv_messages.decode_kv(protocol.encode(files))
+    assert isinstance(files, kv_messages.TokenizerFiles)
     gateway = PromptTokenizer(files)
     rendered = 0
     for index, fields in enumerate(CHATS):
@@ -131,5 +132,7 @@ def test_the_digest_names_the_files(model_dirs: dict[str, Path]) -> None:
     llama = tokenizer_files(Tokenizer(model_dirs["llama"]).hf)
     qwen3 = tokenizer_files(Tokenizer(model_dirs["qwen3"]).hf)
     assert llama is not None and qwen3 is not None
-    assert tokenizer_digest(llama) == tokenizer_digest(protocol.decode_kv(protocol.encode(llama)))  # type: ignore[arg-type]
+    assert tokenizer_digest(llama) == tokenizer_digest(
+        kv_messages.decode_kv(protocol.encode(llama))
+    )  # type: ignore[arg-type]
     assert tokenizer_digest(llama) != tokenizer_digest(qwen3)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sluicegate.engine import protocol
 from sluicegate.engine.core.block_manager import compute_block_hashes
+from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.prompt_tokens import PromptTokenizer
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.serving.async_engine import AsyncEngine
@@ -77,8 +78,8 @@ async def test_the_index_equals_the_worker_cache_after_evictions_and_heals_a_gap
             assert state.blocks.hashes() == cached(harness)
             assert state.gaps == 0
             entries = await redis.xrange(protocol.kv_events_stream(model, "w1"))
-            events = [e for _, f in entries for e in protocol.decode_kv(f[b"m"]).events]
-            assert any(isinstance(e, protocol.KvBlockRemoved) for e in events), "no eviction"
+            events = [e for _, f in entries for e in kv_messages.decode_kv(f[b"m"]).events]
+            assert any(isinstance(e, kv_messages.KvBlockRemoved) for e in events), "no eviction"
 
             # The reader falls behind and the stream is trimmed past it: a gap.
             await run_workload(harness, seed=2, count=12)
@@ -110,8 +111,8 @@ async def test_the_gateway_hashes_a_chat_request_as_the_worker_does(
                 await asyncio.sleep(0.05)
             assert harness.worker.heartbeat().kv_events
             raw = await redis.get(protocol.tokenizer_key(model, publisher.tokenizer_digest))
-            files = protocol.decode_kv(raw)
-            assert isinstance(files, protocol.TokenizerFiles)
+            files = kv_messages.decode_kv(raw)
+            assert isinstance(files, kv_messages.TokenizerFiles)
             request = protocol.Request(
                 request_id=f"chat-{uuid.uuid4().hex[:8]}",
                 model=model,
@@ -133,7 +134,7 @@ async def test_the_gateway_hashes_a_chat_request_as_the_worker_does(
 async def test_events_cross_from_an_engine_core_process(llama_dir: Path) -> None:
     """With the core in its own process, each step's events come over its pipe in order."""
     engine = AsyncEngine(llama_dir, num_kv_blocks=32, kv_events=True, core_process=True)
-    events: list[protocol.KvEvent] = []
+    events: list[kv_messages.KvEvent] = []
     engine.on_kv_events = events.extend
     await engine.start()
     try:
@@ -147,7 +148,7 @@ async def test_events_cross_from_an_engine_core_process(llama_dir: Path) -> None
     generated = [t for d in outputs for t in d.token_ids]
     # Every computed full block (the last output token is never computed), in chain order.
     computed = (prompt + generated)[: len(prompt) + len(generated) - 1]
-    stored = [e for e in events if isinstance(e, protocol.KvBlockStored)]
+    stored = [e for e in events if isinstance(e, kv_messages.KvBlockStored)]
     assert [e.block_hash for e in stored] == compute_block_hashes(computed, BLOCK_SIZE)
     assert [e.parent_hash for e in stored] == [None, *(e.block_hash for e in stored[:-1])]
     assert all(len(e.token_ids) == BLOCK_SIZE for e in stored)

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluicegate.engine import protocol
+from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.block_set import BlockSet
 from sluicegate.gateway.providers.engine.call import text
 from sluicegate.gateway.providers.engine.workers import EngineWorkers
@@ -46,7 +47,7 @@ class WorkerIndex:
     gaps: int = 0
     """Times this index lost track (and resynced or waits to)."""
 
-    def take(self, entry_id: str, batch: protocol.KvEventBatch) -> None:
+    def take(self, entry_id: str, batch: kv_messages.KvEventBatch) -> None:
         """One stream entry, in stream order; one read already (by a concurrent reader) is
         skipped."""
         if _entry_order(entry_id) <= _entry_order(self.after):
@@ -65,7 +66,7 @@ class WorkerIndex:
         self.blocks.apply(batch.events)
         self.seq, self.block_size = batch.seq, batch.block_size
 
-    def load(self, snapshot: protocol.KvSnapshot) -> None:
+    def load(self, snapshot: kv_messages.KvSnapshot) -> None:
         self.blocks = BlockSet()
         self.blocks.load(snapshot.block_hashes)
         self.epoch, self.seq, self.after = snapshot.epoch, snapshot.seq, snapshot.after
@@ -143,14 +144,14 @@ class KvIndex:
                 if not index.synced:
                     break
                 batch = _decode(fields)
-                if isinstance(batch, protocol.KvEventBatch):
+                if isinstance(batch, kv_messages.KvEventBatch):
                     index.take(text(entry_id), batch)
         return read
 
     async def _sync(self, index: WorkerIndex) -> None:
         raw = await self._redis.get(protocol.kv_snapshot_key(self.model, index.worker_id))
         snapshot = _decode({protocol.MESSAGE_FIELD: raw}) if raw is not None else None
-        if isinstance(snapshot, protocol.KvSnapshot):
+        if isinstance(snapshot, kv_messages.KvSnapshot):
             index.load(snapshot)
 
 
@@ -159,11 +160,11 @@ def _entry_order(entry_id: str) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
-def _decode(fields: dict[Any, Any]) -> protocol.KvMessage | None:
+def _decode(fields: dict[Any, Any]) -> kv_messages.KvMessage | None:
     raw = fields.get(protocol.MESSAGE_FIELD)
     if raw is None:
         return None
     try:
-        return protocol.decode_kv(raw)
+        return kv_messages.decode_kv(raw)
     except protocol.MalformedMessage:
         return None

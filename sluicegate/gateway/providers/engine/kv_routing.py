@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 
 from sluicegate.engine import protocol
 from sluicegate.engine.core.block_manager import compute_block_hashes
+from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.prompt_tokens import PromptTokenizer
 from sluicegate.gateway.providers.engine.kv_index import KvIndex
 from sluicegate.gateway.providers.engine.workers import AFFINITY_SLACK, KV_FULL, EngineWorkers
@@ -125,11 +126,11 @@ class KvRouter:
             return None
         try:
             raw = await self._redis.get(protocol.tokenizer_key(self.model, digest))
-            files = protocol.decode_kv(raw) if raw is not None else None
+            files = kv_messages.decode_kv(raw) if raw is not None else None
         except (RedisError, OSError, TimeoutError, protocol.MalformedMessage) as exc:
             logger.warning("tokenizer %s of %s unreadable: %s", digest, self.model, exc)
             files = None
-        if not isinstance(files, protocol.TokenizerFiles):
+        if not isinstance(files, kv_messages.TokenizerFiles):
             self._missing[digest] = time.monotonic()
             return None
         tokenizer = await asyncio.to_thread(PromptTokenizer, files)
