@@ -89,10 +89,16 @@ async def _relay(
     event and the stream ends normally, so ``close`` settles it. The last events go out with
     the body's end."""
     chunk: Chunk | None = first
+    leases = call.services.leases
+    billable = False
     try:
         data = renderer.opening(call, first)
         while chunk is not None:
             data += renderer.chunk(call, chunk)
+            if not billable and call.first_token_at is not None and leases is not None:
+                # The lease says "billed if this replica dies" before the client sees output.
+                await leases.first_tokens_stored()
+                billable = True
             if data:
                 await send({"type": "http.response.body", "body": data, "more_body": True})
                 data = b""

@@ -182,6 +182,15 @@ class LeaseBook:
             if self._storing is None:
                 self._storing = asyncio.get_running_loop().create_task(self._store_first_tokens())
 
+    async def first_tokens_stored(self) -> None:
+        """Wait for the write of the leases whose first token just went out, before that
+        token reaches the client: a replica killed after its client saw output but before
+        the write landed would leave a lease that bills nothing. Every stream starting in the
+        meantime waits for the same batched write."""
+        storing = self._storing
+        if storing is not None:
+            await asyncio.shield(storing)
+
     async def _store_first_tokens(self) -> None:
         """Stores the leases whose first token went out: those that came while a write was in
         flight go together in the next, on the request path's own connection (joined with
