@@ -18,11 +18,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from sluicegate.engine.text.tokenizer import IncrementalDetokenizer, Tokenizer
 from sluicegate.gateway.usage.pricing import Price
+from tests.engine.lora import adapters
 
 from .conftest import MASTER_KEY, Cluster, Gateway, model_name, wait_until
-
-pytest.importorskip("peft")
-adapters = pytest.importorskip("tests.engine.lora.adapters")
 
 NEW_TOKENS = 12
 PROMPT = [5, 17, 33, 101, 7, 64, 250, 12, 90, 3, 44, 180]
