@@ -45,10 +45,10 @@ def race(model: nn.Module) -> dict[int, float]:
     return ratios
 
 
-def race_half(model: nn.Module) -> dict[int, float]:
-    """``race`` for a bfloat16 or float16 model: the packed product against
-    torch's own linear, on a slice of the widest layer linear kept in the model's dtype and
-    rows of that dtype."""
+def race_half(model: nn.Module, opponent: Callable[[nn.Linear], nn.Module]) -> dict[int, float]:
+    """``race`` for a bfloat16 or float16 model: the packed product against ``opponent`` (a
+    module built from a linear: ``OneDNNLinear``, or the linear itself for torch's own), on a
+    slice of the widest layer linear kept in the model's dtype and rows of that dtype."""
     widest = _widest_layer_linear(model)
     dtype = widest.weight.dtype
     out_features = min(widest.out_features, _MAX_OUT_FEATURES)
@@ -57,13 +57,13 @@ def race_half(model: nn.Module) -> dict[int, float]:
         piece.weight.copy_(widest.weight[:out_features])
         if widest.bias is not None:
             piece.bias.copy_(widest.bias[:out_features])
-    kernels = (PackedLinear(piece), piece)
+    kernels = (PackedLinear(piece), opponent(piece))
     ratios: dict[int, float] = {}
     with torch.inference_mode():
         for rows in RACE_ROWS:
             x = torch.randn(rows, piece.in_features, dtype=dtype)
-            packed, own = _best_times([partial(kernel, x) for kernel in kernels])
-            ratios[rows] = packed / own
+            packed, other = _best_times([partial(kernel, x) for kernel in kernels])
+            ratios[rows] = packed / other
     return ratios
 
 

@@ -8,10 +8,11 @@ start-up (``sluicegate.engine.models.cpu_linear_race``); either is 1.3-1.9x fast
 differs, as between any two GEMM libraries.
 
 Bfloat16 and float16 models: the packed product keeps the weights in the model's dtype (half
-the bytes of float32 to stream per step) and computes in float32; torch's own 16-bit linear
-is the other side, which is oneDNN's 16-bit GEMM where the CPU has the instructions for it
-(our ``OneDNNLinear`` would need them too, so ``onednn`` means torch's own here). ``auto``
-races the two the same way, on the model's own dtype.
+the bytes of float32 to stream per step) and computes in float32. The other side is
+``OneDNNLinear`` where oneDNN packs that dtype on this CPU (bfloat16 with AVX-512: the same
+16-bit dot products as torch's own linear, without reordering the weight on every call), else
+torch's own linear (``onednn`` then means torch's). ``auto`` races the two the same way, on
+the model's own dtype.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 
 from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race, race_half
 from sluicegate.engine.models.layers import GatedMLP
-from sluicegate.engine.models.onednn import OneDNNLinear
+from sluicegate.engine.models.onednn import OneDNNLinear, packs
 from sluicegate.engine.models.packed_linear import PackedLinear
 
 CPU_LINEARS = ("auto", "packed", "onednn", "torch")
@@ -75,19 +76,23 @@ def resolve_cpu_linears(requested: str, model: nn.Module) -> str:
 
 def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: bool) -> str:
     name = str(dtype).removeprefix("torch.")
+    onednn = "onednn" if packs(dtype) else "torch"
     if requested == "packed":
         return "packed"
     if requested == "onednn":
-        logger.info("cpu_linears='onednn' on a %s model: torch's own linear (oneDNN's)", name)
-        return "torch"
+        if onednn == "torch":
+            logger.info("cpu_linears='onednn' on a %s model: oneDNN packs no %s weight on "
+                        "this CPU, so torch's own linear", name, name)  # fmt: skip
+        return onednn
     if not packed:
-        logger.info("CPU linears of a %s model: torch's own (no packed product here)", name)
-        return "torch"
-    ratios = race_half(model)
-    kind = "packed" if packed_wins(ratios) else "torch"
+        logger.info("CPU linears of a %s model: %s (no packed product here)", name, onednn)
+        return onednn
+    ratios = race_half(model, OneDNNLinear if onednn == "onednn" else lambda linear: linear)
+    kind = "packed" if packed_wins(ratios) else onednn
     logger.info(
-        "CPU linears of a %s model raced, the packed product's time over torch's own: %s; %s",
+        "CPU linears of a %s model raced, the packed product's time over %s's: %s; %s",
         name,
+        onednn,
         describe(ratios),
         kind,
     )

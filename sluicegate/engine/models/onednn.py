@@ -1,8 +1,11 @@
-"""CPU float32 linears through oneDNN instead of aten's default GEMM (one of the engine's CPU
-linear kernels: see ``sluicegate.engine.models.cpu_linears``).
+"""CPU linears through oneDNN with the weight packed once, instead of aten's default GEMM (one
+of the engine's CPU linear kernels: see ``sluicegate.engine.models.cpu_linears``).
 
-On this project's CPUs (AMD EPYC) oneDNN's JIT kernels run the engine's small-batch linears
-(tens of rows against a 512x32000 or 512x2816 weight) about 1.3-1.9x faster than aten's.
+On this project's CPUs (AMD EPYC) oneDNN's JIT kernels run the engine's small-batch float32
+linears (tens of rows against a 512x32000 or 512x2816 weight) about 1.3-1.9x faster than
+aten's. In bfloat16 aten's linear is oneDNN's GEMM too, but with the weight in plain layout:
+every call reorders it into the blocked pairs ``vdpbf16ps`` reads. Packed once, a decode
+step's products ran 1.1-2.4x faster, bit for bit the same (``bench/cpu_linear.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,18 @@ _HAS_POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _HAS_REORDER = hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 # The batch size oneDNN picks the packed layout for (any from 32 up measured alike).
 _PACK_BATCH_SIZE = 256
+
+
+def packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN on this CPU packs a ``dtype`` weight (16-bit ones need the CPU's
+    16-bit dot products: bfloat16 on AVX-512 machines, float16 only with AVX512-FP16)."""
+    if not (_HAS_POINTWISE and _HAS_REORDER and torch.backends.mkldnn.is_available()):
+        return dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 class OneDNNLinear(nn.Module):

@@ -230,6 +230,7 @@ def test_cpu_linears_compute_the_same_product(llama_dir: Path, kind: str) -> Non
 
 def test_cpu_linears_choice(llama_dir: Path) -> None:
     from sluicegate.engine.models.cpu_linears import resolve_cpu_linears
+    from sluicegate.engine.models.onednn import packs
     from sluicegate.kernels import cpu_linear
 
     model = load_model(llama_dir, CPU)
@@ -238,17 +239,39 @@ def test_cpu_linears_choice(llama_dir: Path) -> None:
     assert auto in ({"packed", "onednn"} if cpu_linear.available() else {"onednn"})
     assert resolve_cpu_linears("onednn", model) == "onednn"
     assert resolve_cpu_linears("torch", model) == "torch"
-    # A 16-bit model's auto races the packed product against torch's own 16-bit linear;
-    # onednn means torch's own there (oneDNN's 16-bit GEMM where the CPU has it).
+    # A 16-bit model's auto races the packed product against oneDNN with the weight packed
+    # where this CPU's oneDNN packs that dtype, else against torch's own 16-bit linear.
     half = load_model(llama_dir, CPU, dtype="bfloat16")
+    other = "onednn" if packs(torch.bfloat16) else "torch"
     assert resolve_cpu_linears("auto", half) in (
-        {"packed", "torch"} if cpu_linear.available() else {"torch"}
+        {"packed", other} if cpu_linear.available() else {other}
     )
-    assert resolve_cpu_linears("onednn", half) == "torch"
+    assert resolve_cpu_linears("onednn", half) == other
     # Other dtypes keep aten's.
     assert resolve_cpu_linears("auto", load_model(llama_dir, CPU).double()) == "torch"
     with pytest.raises(ValueError, match="unknown cpu_linears"):
         resolve_cpu_linears("mkl", model)
+
+
+def test_onednn_linears_of_a_bfloat16_model_match_torchs_own(llama_dir: Path) -> None:
+    # The same oneDNN product as torch's own bfloat16 linear, the weight packed once
+    # instead of per call: the same sums in the same order, so equal bit for bit here.
+    from sluicegate.engine.models.cpu_linears import swap_cpu_linears
+    from sluicegate.engine.models.onednn import packs
+
+    if not packs(torch.bfloat16):
+        pytest.skip("oneDNN packs no bfloat16 weight on this CPU (it needs AVX-512)")
+    model = load_model(llama_dir, CPU, dtype="bfloat16")
+    layer = model.model.layers[0]
+    x = torch.randn(7, layer.self_attn.qkv_proj.in_features, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        expected = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+        assert swap_cpu_linears(model, "onednn") == 2 * 4 + 1
+        assert type(layer.self_attn.qkv_proj).__name__ == "OneDNNLinear"
+        got = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+    for out, want in zip(got, expected, strict=True):
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, want, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
