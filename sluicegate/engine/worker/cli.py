@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument(
         "--cpu-linears",
         choices=("auto", "packed", "onednn", "torch"),
-        help="float32 CPU linears: our packed AVX2 product, oneDNN or aten (default auto: "
-        "the faster of packed and oneDNN, raced at start-up on the model's weights)",
+        help="CPU linears: our packed product, oneDNN with the weight packed once (float32; "
+        "bfloat16 where this CPU has the instructions) or aten (default auto: the faster of "
+        "packed and oneDNN, raced at start-up on the model's weights)",
     )
     engine.add_argument(
         "--core-process",
