@@ -33,16 +33,27 @@ struct Task {
   const float* q;       // the group's first query head: [group, head_dim]
   const T* k;           // this KV head's slice of the cache
   const T* v;
-  const int32_t* table;
-  int64_t len, group, head_dim, block_size, row;  // row: one cache slot's elements
+  const int64_t* offsets;  // each token's slot in the cache, in elements (from the table)
+  int64_t len, group, head_dim;
   float scale;
   float* out;           // [group, head_dim]
 };
 
 template <typename T>
 inline const T* slot(const T* cache, const Task<T>& t, int64_t token) {
-  const int64_t block = t.table[token / t.block_size];
-  return cache + (block * t.block_size + token % t.block_size) * t.row;
+  return cache + t.offsets[token];
+}
+
+// Each token's slot offset, block by block: the kernels read every key and value several
+// times, and a division by the block size per read cost more than the arithmetic on it.
+void slot_offsets(const int32_t* table, int64_t len, int64_t block_size, int64_t row,
+                  std::vector<int64_t>& offsets) {
+  offsets.resize(len);
+  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
+    const int64_t base = static_cast<int64_t>(table[b]) * block_size * row;
+    const int64_t count = std::min(block_size, len - start);
+    for (int64_t j = 0; j < count; ++j) offsets[start + j] = base + j * row;
+  }
 }
 
 void softmax_rows(float* scores, int64_t rows, int64_t len) {
@@ -199,14 +210,16 @@ void decode_all(const float* qp, const T* kp, const T* vp, const int32_t* tables
 #endif
   parallel_items(batch * num_kv_heads, [&](int64_t task) {
     thread_local std::vector<float> scores;
+    thread_local std::vector<int64_t> offsets;
     const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
     const int64_t len = lens[b];
     TORCH_CHECK(len > 0 && len <= max_blocks * block_size, "sequence length out of range");
+    slot_offsets(tables + b * max_blocks, len, block_size, row, offsets);
     const Task<T> t{qp + (b * num_heads + kvh * group) * head_dim,
                     kp + kvh * head_dim,
                     vp + kvh * head_dim,
-                    tables + b * max_blocks,
-                    len, group, head_dim, block_size, row, scale,
+                    offsets.data(),
+                    len, group, head_dim, scale,
                     op + (b * num_heads + kvh * group) * head_dim};
     scores.resize(group * len);
 #ifdef SG_VECTOR
