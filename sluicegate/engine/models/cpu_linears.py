@@ -81,8 +81,11 @@ def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: 
         return "packed"
     if requested == "onednn":
         if onednn == "torch":
-            logger.info("cpu_linears='onednn' on a %s model: oneDNN packs no %s weight on "
-                        "this CPU, so torch's own linear", name, name)  # fmt: skip
+            logger.info(
+                "cpu_linears='onednn' on a %s model: oneDNN packs no such weight on this "
+                "CPU, so torch's own linear",
+                name,
+            )
         return onednn
     if not packed:
         logger.info("CPU linears of a %s model: %s (no packed product here)", name, onednn)
