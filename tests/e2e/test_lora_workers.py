@@ -81,9 +81,12 @@ def test_load_unload_and_swap_under_traffic(
     }
     assert len({str(v) for v in expected.values()}) == 4, "each adapter changes the tokens"
     model = model_name("lora")
-    # Two adapters per step on w1; one per step on w2, whose host memory holds two of three.
+    # Two adapters per step on w1, whose host memory holds all three (the traffic loads
+    # them lazily: with room for two, "a" could leave as least recently used before the
+    # command that unloads it); one per step on w2, whose host memory holds two of three.
     cluster.worker(model, redis_url, "--worker-id", "lora-w1", "--max-loras", "2",
-                   "--max-lora-rank", "16", "--lora-modules", f"a={folders['a']}")  # fmt: skip
+                   "--max-cpu-loras", "3", "--max-lora-rank", "16",
+                   "--lora-modules", f"a={folders['a']}")  # fmt: skip
     cluster.worker(model, redis_url, "--worker-id", "lora-w2", "--max-loras", "1",
                    "--max-cpu-loras", "2", "--max-lora-rank", "16")  # fmt: skip
     asyncio.run(_traffic(redis_url, model, folders, expected))
