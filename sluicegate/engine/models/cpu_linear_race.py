@@ -31,37 +31,19 @@ _MAX_OUT_FEATURES = 4096
 _REPEATS = 3
 
 
-def race(model: nn.Module) -> dict[int, float]:
-    """Per row count in ``RACE_ROWS``, the packed kernel's time over oneDNN's (best of a few
-    alternating runs each) on a slice of the model's widest linear outside the LM head."""
+def race(
+    model: nn.Module, opponent: Callable[[nn.Linear], nn.Module] = OneDNNLinear
+) -> dict[int, float]:
+    """Per row count in ``RACE_ROWS``, the packed kernel's time over ``opponent``'s (best of a
+    few alternating runs each) on a slice of the model's widest linear outside the LM head,
+    in the model's dtype. ``opponent`` builds a module from a linear: ``OneDNNLinear``, or the
+    linear itself for torch's own (a 16-bit model where oneDNN packs no such weight)."""
     linear = _slice(_widest_layer_linear(model))
-    kernels = (PackedLinear(linear), OneDNNLinear(linear))
+    kernels = (PackedLinear(linear), opponent(linear))
     ratios: dict[int, float] = {}
     with torch.inference_mode():
         for rows in RACE_ROWS:
-            x = torch.randn(rows, linear.in_features)
-            packed, onednn = _best_times([partial(kernel, x) for kernel in kernels])
-            ratios[rows] = packed / onednn
-    return ratios
-
-
-def race_half(model: nn.Module, opponent: Callable[[nn.Linear], nn.Module]) -> dict[int, float]:
-    """``race`` for a bfloat16 or float16 model: the packed product against ``opponent`` (a
-    module built from a linear: ``OneDNNLinear``, or the linear itself for torch's own), on a
-    slice of the widest layer linear kept in the model's dtype and rows of that dtype."""
-    widest = _widest_layer_linear(model)
-    dtype = widest.weight.dtype
-    out_features = min(widest.out_features, _MAX_OUT_FEATURES)
-    piece = nn.Linear(widest.in_features, out_features, bias=widest.bias is not None, dtype=dtype)
-    with torch.no_grad():
-        piece.weight.copy_(widest.weight[:out_features])
-        if widest.bias is not None:
-            piece.bias.copy_(widest.bias[:out_features])
-    kernels = (PackedLinear(piece), opponent(piece))
-    ratios: dict[int, float] = {}
-    with torch.inference_mode():
-        for rows in RACE_ROWS:
-            x = torch.randn(rows, piece.in_features, dtype=dtype)
+            x = torch.randn(rows, linear.in_features, dtype=linear.weight.dtype)
             packed, other = _best_times([partial(kernel, x) for kernel in kernels])
             ratios[rows] = packed / other
     return ratios
@@ -90,7 +72,9 @@ def _widest_layer_linear(model: nn.Module) -> nn.Linear:
 
 def _slice(linear: nn.Linear) -> nn.Linear:
     out_features = min(linear.out_features, _MAX_OUT_FEATURES)
-    piece = nn.Linear(linear.in_features, out_features, bias=linear.bias is not None)
+    piece = nn.Linear(
+        linear.in_features, out_features, bias=linear.bias is not None, dtype=linear.weight.dtype
+    )
     with torch.no_grad():
         piece.weight.copy_(linear.weight[:out_features])
         if linear.bias is not None:

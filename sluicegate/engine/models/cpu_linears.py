@@ -22,7 +22,7 @@ import logging
 import torch
 from torch import nn
 
-from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race, race_half
+from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race
 from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.engine.models.onednn import OneDNNLinear, packs
 from sluicegate.engine.models.packed_linear import PackedLinear
@@ -90,7 +90,7 @@ def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: 
     if not packed:
         logger.info("CPU linears of a %s model: %s (no packed product here)", name, onednn)
         return onednn
-    ratios = race_half(model, OneDNNLinear if onednn == "onednn" else lambda linear: linear)
+    ratios = race(model, OneDNNLinear if onednn == "onednn" else lambda linear: linear)
     kind = "packed" if packed_wins(ratios) else onednn
     logger.info(
         "CPU linears of a %s model raced, the packed product's time over %s's: %s; %s",
