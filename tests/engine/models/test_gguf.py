@@ -108,8 +108,9 @@ def test_in_bfloat16_tokens_match_transformers_up_to_bf16_rounding(
 ) -> None:
     """Served in bfloat16 (prompts chunked into 32-token prefills, their shared chat-template
     prefix from the prefix cache), the greedy tokens equal transformers' bfloat16 ``generate``;
-    or, at the first step they differ, both tokens are transformers' own top two there, at
-    most two bfloat16 steps apart: a tie that rounding decides, on either side."""
+    or, at the first step they differ, both tokens' logits in transformers' own forward there
+    are at most two bfloat16 steps below its top one: a tie that rounding decides, on either
+    side (ties of three happen: bfloat16 logits near 24 are 0.125 apart)."""
     from transformers import AutoModelForCausalLM
 
     folder = checkpoint_folder(smollm2, cache_dir)
@@ -137,9 +138,10 @@ def test_in_bfloat16_tokens_match_transformers_up_to_bf16_rounding(
             if step is None:
                 continue
             logits = model(torch.tensor([prompt + reference[:step]])).logits[0, -1].float()
-            (first, second), top_two = logits.topk(2)
-            assert {tokens[step], reference[step]} <= set(top_two.tolist()), (step, tokens)
-            assert first - second <= 2 * bf16_ulp(first.item()), (step, first, second)
+            top = logits.max().item()
+            for token in (tokens[step], reference[step]):
+                below = top - logits[token].item()
+                assert below <= 2 * bf16_ulp(top), (step, token, below, tokens)
 
 
 def test_the_conversion_is_cached(smollm2: Path, cache_dir: Path, engine: LLM) -> None:
