@@ -23,9 +23,11 @@ import torch
 from torch import nn
 
 from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race
+from sluicegate.engine.models.cpu_threads import serial_rows
 from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.engine.models.onednn import OneDNNLinear, packs
 from sluicegate.engine.models.packed_linear import PackedLinear
+from sluicegate.kernels import cpu_ops
 
 CPU_LINEARS = ("auto", "packed", "onednn", "torch")
 
@@ -123,3 +125,33 @@ def swap_cpu_linears(model: nn.Module, kind: str) -> int:
                 setattr(parent, name, replacement(child))
                 swapped += 1
     return swapped
+
+
+def choose_threads(model: nn.Module, dtype: torch.dtype) -> dict[str, int]:
+    """Time each distinct shape of the model's swapped linears, and its gated MLPs' SiLU x mul
+    (in ``dtype``, the model's), on one thread and on all
+    (``sluicegate.engine.models.cpu_threads``); set each module's rows to run on one thread.
+    Returns those rows per shape, named for the log."""
+    chosen: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, (OneDNNLinear, PackedLinear)):
+            gated = isinstance(module, PackedLinear) and module.packed.gated
+            name = f"{module.in_features}x{module.out_features}{' gated' if gated else ''}"
+            if name not in chosen:
+                chosen[name] = serial_rows(module, module.in_features, module.input_dtype)
+            module.serial_rows = chosen[name]
+        elif isinstance(module, GatedMLP) and not module.gate_up_applies_activation:
+            width = 2 * module.intermediate_size
+            if not cpu_ops.supports(torch.empty(0, dtype=dtype)):
+                continue
+            name = f"SiLU x mul of {width}"
+            if name not in chosen:
+                chosen[name] = serial_rows(cpu_ops.silu_and_mul, width, dtype)
+            module.activation_serial_rows = chosen[name]
+    return chosen
+
+
+def describe_threads(chosen: dict[str, int]) -> str:
+    return ", ".join(
+        f"{name} up to {rows} rows" if rows else f"{name} never" for name, rows in chosen.items()
+    )

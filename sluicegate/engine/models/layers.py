@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sluicegate.engine.models.cpu_threads import on_one_thread
 from sluicegate.engine.parallel.shard import TensorParallel, reduce_partial_sums
 from sluicegate.kernels import cpu_ops
 
@@ -128,6 +129,9 @@ class GatedMLP(nn.Module):
         # Set where gate_up_proj was swapped for a kernel that returns silu(gate) * up itself
         # (sluicegate.engine.models.cpu_linears: the packed CPU product).
         self.gate_up_applies_activation = False
+        self.activation_serial_rows = 0
+        """Up to this many rows the CPU's SiLU x mul runs on one thread
+        (``sluicegate.engine.models.cpu_threads``)."""
         self.tp: TensorParallel | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,6 +142,8 @@ class GatedMLP(nn.Module):
         if self.gate_up_applies_activation:
             return self.down_proj(gate_up)
         if cpu_ops.supports(gate_up):
+            if gate_up.numel() // gate_up.shape[-1] <= self.activation_serial_rows:
+                return self.down_proj(on_one_thread(cpu_ops.silu_and_mul, gate_up))
             return self.down_proj(cpu_ops.silu_and_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sluicegate.engine.models.cpu_threads import on_one_thread
+
 _HAS_POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _HAS_REORDER = hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 # The batch size oneDNN picks the packed layout for (any from 32 up measured alike).
@@ -39,6 +41,9 @@ class OneDNNLinear(nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
+        self.input_dtype = linear.weight.dtype
+        self.serial_rows = 0
+        """Up to this many rows run on one thread (``sluicegate.engine.models.cpu_threads``)."""
         weight = linear.weight.detach().contiguous()
         if _HAS_POINTWISE and _HAS_REORDER:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_SIZE)
@@ -48,9 +53,14 @@ class OneDNNLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
+        if rows.shape[0] <= self.serial_rows:
+            out = on_one_thread(self._product, rows)
+        else:
+            out = self._product(rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:
         if _HAS_POINTWISE:
             # Inductor's op: dense input and output, so no per-call format conversions.
-            out = torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")
-        else:
-            out = torch._C._nn.mkldnn_linear(rows.to_mkldnn(), self.weight, self.bias).to_dense()
-        return out.view(*x.shape[:-1], self.out_features)
+            return torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [], "")
+        return torch._C._nn.mkldnn_linear(rows.to_mkldnn(), self.weight, self.bias).to_dense()

@@ -12,7 +12,12 @@ import torch
 from sluicegate.engine.lora import LoraConfig, LoraManager
 from sluicegate.engine.lora.layers import fuse_gated_mlps
 from sluicegate.engine.models import UnsupportedModelError, load_model
-from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
+from sluicegate.engine.models.cpu_linears import (
+    choose_threads,
+    describe_threads,
+    resolve_cpu_linears,
+    swap_cpu_linears,
+)
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.engine.options import EngineOptions
 from sluicegate.engine.parallel.shard import TensorParallel
@@ -65,6 +70,12 @@ def load_engine_model(
             "layer ops (RMSNorm, residual, rotary, SiLU x mul, KV write): %s",
             "C++ (csrc/layer_ops.cpp)" if fused else "torch (the CPU kernels are not built)",
         )
+        if not compiling and torch.get_num_threads() > 1:
+            logger.info(
+                "one thread, not %d, for: %s",
+                torch.get_num_threads(),
+                describe_threads(choose_threads(loaded, loaded.config.dtype)),
+            )
     return loaded, loras
 
 
