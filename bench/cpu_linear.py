@@ -34,7 +34,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from sluicegate.engine.models.onednn import OneDNNLinear  # noqa: E402
+from sluicegate.engine.models.cpu.onednn import OneDNNLinear  # noqa: E402
 from sluicegate.kernels import cpu_linear  # noqa: E402
 
 LAYER_SHAPES = [(512, 768), (512, 512), (512, 2816), (1408, 512)]

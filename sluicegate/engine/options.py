@@ -34,7 +34,7 @@ class EngineOptions:
     # splits its work evenly, so a thread that is not scheduled stalls the whole op.
     num_threads: int | None = None
     # CPU float32 only: the linears' kernel, "auto", "packed", "onednn" or "torch" (see
-    # sluicegate.engine.models.cpu_linears).
+    # sluicegate.engine.models.cpu.linears).
     cpu_linears: str = "auto"
     # "native" (our own Llama/Mistral/Qwen2/Qwen3 code), "transformers" (the checkpoint's
     # transformers class on our paged attention), or "auto": native where there is one.

@@ -19,9 +19,9 @@ from torch import nn
 
 from sluicegate.engine.lora.adapter import Projection
 from sluicegate.engine.lora.ops import LoraPlan, add_lora_
+from sluicegate.engine.models.cpu.packed_linear import PackedLinear
 from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.engine.models.llama import LlamaForCausalLM
-from sluicegate.engine.models.packed_linear import PackedLinear
 from sluicegate.kernels import cpu_ops
 
 # Output columns per panel of the packed CPU product (csrc/packed_linear.cpp's kCols).

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sluicegate.engine.models.cpu_threads import on_one_thread
+from sluicegate.engine.models.cpu.threads import on_one_thread
 from sluicegate.engine.parallel.shard import TensorParallel, reduce_partial_sums
 from sluicegate.kernels import cpu_ops
 
@@ -127,11 +127,11 @@ class GatedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         # Set where gate_up_proj was swapped for a kernel that returns silu(gate) * up itself
-        # (sluicegate.engine.models.cpu_linears: the packed CPU product).
+        # (sluicegate.engine.models.cpu.linears: the packed CPU product).
         self.gate_up_applies_activation = False
         self.activation_serial_rows = 0
         """Up to this many rows the CPU's SiLU x mul runs on one thread
-        (``sluicegate.engine.models.cpu_threads``)."""
+        (``sluicegate.engine.models.cpu.threads``)."""
         self.tp: TensorParallel | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

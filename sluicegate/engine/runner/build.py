@@ -12,7 +12,7 @@ import torch
 from sluicegate.engine.lora import LoraConfig, LoraManager
 from sluicegate.engine.lora.layers import fuse_gated_mlps
 from sluicegate.engine.models import UnsupportedModelError, load_model
-from sluicegate.engine.models.cpu_linears import (
+from sluicegate.engine.models.cpu.linears import (
     choose_threads,
     describe_threads,
     resolve_cpu_linears,

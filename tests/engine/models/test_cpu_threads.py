@@ -1,4 +1,4 @@
-"""One thread or all of torch's per CPU product (sluicegate.engine.models.cpu_threads)."""
+"""One thread or all of torch's per CPU product (sluicegate.engine.models.cpu.threads)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from sluicegate.engine.models import load_model
-from sluicegate.engine.models.cpu_linears import choose_threads, swap_cpu_linears
-from sluicegate.engine.models.cpu_threads import CALIBRATION_ROWS, on_one_thread, serial_rows
-from sluicegate.engine.models.onednn import OneDNNLinear, packs
-from sluicegate.engine.models.packed_linear import PackedLinear
+from sluicegate.engine.models.cpu.linears import choose_threads, swap_cpu_linears
+from sluicegate.engine.models.cpu.onednn import OneDNNLinear, packs
+from sluicegate.engine.models.cpu.packed_linear import PackedLinear
+from sluicegate.engine.models.cpu.threads import CALIBRATION_ROWS, on_one_thread, serial_rows
 from sluicegate.kernels import cpu_linear, cpu_ops
 
 CPU = torch.device("cpu")

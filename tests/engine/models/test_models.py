@@ -206,7 +206,7 @@ def test_attention_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("kind", ["onednn", "packed"])
 def test_cpu_linears_compute_the_same_product(llama_dir: Path, kind: str) -> None:
-    from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
+    from sluicegate.engine.models.cpu.linears import resolve_cpu_linears, swap_cpu_linears
     from sluicegate.kernels import cpu_linear
 
     if kind == "packed" and not cpu_linear.available():
@@ -229,8 +229,8 @@ def test_cpu_linears_compute_the_same_product(llama_dir: Path, kind: str) -> Non
 
 
 def test_cpu_linears_choice(llama_dir: Path) -> None:
-    from sluicegate.engine.models.cpu_linears import resolve_cpu_linears
-    from sluicegate.engine.models.onednn import packs
+    from sluicegate.engine.models.cpu.linears import resolve_cpu_linears
+    from sluicegate.engine.models.cpu.onednn import packs
     from sluicegate.kernels import cpu_linear
 
     model = load_model(llama_dir, CPU)
@@ -256,8 +256,8 @@ def test_cpu_linears_choice(llama_dir: Path) -> None:
 def test_onednn_linears_of_a_bfloat16_model_match_torchs_own(llama_dir: Path) -> None:
     # The same oneDNN product as torch's own bfloat16 linear, the weight packed once
     # instead of per call: the same sums in the same order, so equal bit for bit here.
-    from sluicegate.engine.models.cpu_linears import swap_cpu_linears
-    from sluicegate.engine.models.onednn import packs
+    from sluicegate.engine.models.cpu.linears import swap_cpu_linears
+    from sluicegate.engine.models.cpu.onednn import packs
 
     if not packs(torch.bfloat16):
         pytest.skip("oneDNN packs no bfloat16 weight on this CPU (it needs AVX-512)")
@@ -278,7 +278,7 @@ def test_onednn_linears_of_a_bfloat16_model_match_torchs_own(llama_dir: Path) ->
 def test_packed_linears_of_a_16_bit_model(llama_dir: Path, dtype: str) -> None:
     # The packed product keeps a 16-bit model's weights in its dtype and computes in
     # float32: the reference is the layer's own linears run in float32 on the same weights.
-    from sluicegate.engine.models.cpu_linears import swap_cpu_linears
+    from sluicegate.engine.models.cpu.linears import swap_cpu_linears
     from sluicegate.kernels import cpu_linear
 
     if not cpu_linear.available():
@@ -298,7 +298,7 @@ def test_packed_linears_of_a_16_bit_model(llama_dir: Path, dtype: str) -> None:
 
 
 def test_cpu_linear_race(llama_dir: Path) -> None:
-    from sluicegate.engine.models.cpu_linear_race import RACE_ROWS, packed_wins, race
+    from sluicegate.engine.models.cpu.linear_race import RACE_ROWS, packed_wins, race
     from sluicegate.kernels import cpu_linear
 
     # Each size counts alike: a kernel faster at most sizes by a little loses to one

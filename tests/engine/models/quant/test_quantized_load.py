@@ -252,7 +252,7 @@ def test_half_precision_stays_close_to_float32(
 def test_the_dense_lm_head_takes_the_cpu_linears(quantized: Callable[[str], Path]) -> None:
     """The quantized projections are linears of their own; the dense LM head beside them is
     the one nn.Linear the CPU linears' choice swaps."""
-    from sluicegate.engine.models.cpu_linears import resolve_cpu_linears, swap_cpu_linears
+    from sluicegate.engine.models.cpu.linears import resolve_cpu_linears, swap_cpu_linears
     from sluicegate.kernels import cpu_linear
 
     if not cpu_linear.available():

@@ -1,5 +1,5 @@
 """CPU linears through oneDNN with the weight packed once, instead of aten's default GEMM (one
-of the engine's CPU linear kernels: see ``sluicegate.engine.models.cpu_linears``).
+of the engine's CPU linear kernels: see ``sluicegate.engine.models.cpu.linears``).
 
 On this project's CPUs (AMD EPYC) oneDNN's JIT kernels run the engine's small-batch float32
 linears (tens of rows against a 512x32000 or 512x2816 weight) about 1.3-1.9x faster than
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sluicegate.engine.models.cpu_threads import on_one_thread
+from sluicegate.engine.models.cpu.threads import on_one_thread
 
 _HAS_POINTWISE = hasattr(torch.ops.mkldnn, "_linear_pointwise")
 _HAS_REORDER = hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -43,7 +43,7 @@ class OneDNNLinear(nn.Module):
         self.out_features = linear.out_features
         self.input_dtype = linear.weight.dtype
         self.serial_rows = 0
-        """Up to this many rows run on one thread (``sluicegate.engine.models.cpu_threads``)."""
+        """Up to this many rows run on one thread (``sluicegate.engine.models.cpu.threads``)."""
         weight = linear.weight.detach().contiguous()
         if _HAS_POINTWISE and _HAS_REORDER:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_SIZE)

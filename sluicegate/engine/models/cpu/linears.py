@@ -1,9 +1,9 @@
 """Which kernel runs a CPU model's linears: ``packed`` (the compiled packed-weight product,
-``sluicegate.kernels.cpu_linear``), ``onednn`` (``sluicegate.engine.models.onednn``) or ``torch``
+``sluicegate.kernels.cpu_linear``), ``onednn`` (``sluicegate.engine.models.cpu.onednn``) or ``torch``
 (aten's default GEMM, ``nn.Linear`` as loaded).
 
 Float32 models: ``auto`` takes the faster of packed and oneDNN on this machine, raced at
-start-up (``sluicegate.engine.models.cpu_linear_race``); either is 1.3-1.9x faster than aten
+start-up (``sluicegate.engine.models.cpu.linear_race``); either is 1.3-1.9x faster than aten
 (``bench/cpu_linear.py``). The maths is the same float32 product; only the summation order
 differs, as between any two GEMM libraries.
 
@@ -22,11 +22,11 @@ import logging
 import torch
 from torch import nn
 
-from sluicegate.engine.models.cpu_linear_race import describe, packed_wins, race
-from sluicegate.engine.models.cpu_threads import serial_rows
+from sluicegate.engine.models.cpu.linear_race import describe, packed_wins, race
+from sluicegate.engine.models.cpu.onednn import OneDNNLinear, packs
+from sluicegate.engine.models.cpu.packed_linear import PackedLinear
+from sluicegate.engine.models.cpu.threads import serial_rows
 from sluicegate.engine.models.layers import GatedMLP
-from sluicegate.engine.models.onednn import OneDNNLinear, packs
-from sluicegate.engine.models.packed_linear import PackedLinear
 from sluicegate.kernels import cpu_ops
 
 CPU_LINEARS = ("auto", "packed", "onednn", "torch")
@@ -130,7 +130,7 @@ def swap_cpu_linears(model: nn.Module, kind: str) -> int:
 def choose_threads(model: nn.Module, dtype: torch.dtype) -> dict[str, int]:
     """Time each distinct shape of the model's swapped linears, and its gated MLPs' SiLU x mul
     (in ``dtype``, the model's), on one thread and on all
-    (``sluicegate.engine.models.cpu_threads``); set each module's rows to run on one thread.
+    (``sluicegate.engine.models.cpu.threads``); set each module's rows to run on one thread.
     Returns those rows per shape, named for the log."""
     chosen: dict[str, int] = {}
     for module in model.modules():

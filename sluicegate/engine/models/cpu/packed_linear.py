@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sluicegate.engine.models.cpu_threads import on_one_thread
+from sluicegate.engine.models.cpu.threads import on_one_thread
 
 
 class PackedLinear(nn.Module):
@@ -21,7 +21,7 @@ class PackedLinear(nn.Module):
         self.out_features = linear.out_features // 2 if gated else linear.out_features
         self.input_dtype = linear.weight.dtype
         self.serial_rows = 0
-        """Up to this many rows run on one thread (``sluicegate.engine.models.cpu_threads``)."""
+        """Up to this many rows run on one thread (``sluicegate.engine.models.cpu.threads``)."""
         self._linear = cpu_linear.linear
         self.packed = cpu_linear.pack(linear.weight, linear.bias, gated=gated)
 

@@ -21,8 +21,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from sluicegate.engine.models.onednn import OneDNNLinear
-from sluicegate.engine.models.packed_linear import PackedLinear
+from sluicegate.engine.models.cpu.onednn import OneDNNLinear
+from sluicegate.engine.models.cpu.packed_linear import PackedLinear
 
 RACE_ROWS = (4, 32, 512)
 """Rows per product raced: a small decode batch, a larger one, a prefill chunk."""
