@@ -1,11 +1,13 @@
 """The CPU backend's compiled decode kernel against the torch reference, side by side.
 
 One decode step's attention for a batch shaped like bench/engine_throughput.py's model (8 query
-heads over 2 KV heads, head_dim 64, 16-token blocks) with context lengths uniform in
-``--min-len..--max-len``, the blocks scattered through a larger cache, queries and cache in
-``--dtype`` (float32, bfloat16 or float16: the reference gathers a 16-bit cache into a float32
-copy, the kernel reads it in place). The two run alternately, ``--rounds`` times each; the
-last line is one JSON object: reference_us, compiled_us (median per call) and speedup.
+heads over 2 KV heads, head_dim 64, 16-token blocks; ``--heads 9 --kv-heads 3`` is SmolLM2)
+with context lengths uniform in ``--min-len..--max-len``, the blocks scattered through a larger
+cache, queries and cache in ``--dtype`` (float32, bfloat16 or float16: the reference gathers a
+16-bit cache into a float32 copy, the kernel reads it in place). The sides run alternately,
+``--rounds`` times each; the last line is one JSON object: reference_us, compiled_us (median
+per call) and speedup; on a CPU with AVX-512 also compiled_avx2_us, the kernel with its
+AVX-512 path turned off, and avx512_speedup.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=2)
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
@@ -44,7 +48,7 @@ def main() -> int:
         print("the C++ decode kernel could not be built here", file=sys.stderr)
         return 1
     generator = torch.Generator().manual_seed(0)
-    heads, kv_heads, head_dim, block_size = 8, 2, 64, 16
+    heads, kv_heads, head_dim, block_size = args.heads, args.kv_heads, 64, 16
     lens = torch.randint(args.min_len, args.max_len + 1, (args.batch,), generator=generator)
     max_blocks = -(-args.max_len // block_size)
     num_blocks = 2 * args.batch * max_blocks
@@ -62,7 +66,11 @@ def main() -> int:
         head_dim**-0.5,
     )
     sides = {"reference": reference.paged_attention, "compiled": cpu_attention.paged_attention}
-    torch.testing.assert_close(sides["compiled"](*step), sides["reference"](*step))
+    wide = cpu_attention.allow_avx512(True) and _has_avx512()
+    if wide:
+        sides["compiled_avx2"] = _without_avx512
+    for name in sides.keys() - {"reference"}:
+        torch.testing.assert_close(sides[name](*step), sides["reference"](*step))
     timings: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.rounds):
         for name, attend in sides.items():
@@ -72,16 +80,28 @@ def main() -> int:
     medians = {name: statistics.median(values) for name, values in timings.items()}
     for name, median in medians.items():
         print(f"{name}: median {median:,.0f} µs per decode step's attention (one layer)")
-    print(
-        json.dumps(
-            {
-                "reference_us": round(medians["reference"]),
-                "compiled_us": round(medians["compiled"]),
-                "speedup": round(medians["reference"] / medians["compiled"], 2),
-            }
-        )
-    )
+    result = {
+        "reference_us": round(medians["reference"]),
+        "compiled_us": round(medians["compiled"]),
+        "speedup": round(medians["reference"] / medians["compiled"], 2),
+    }
+    if wide:
+        result["compiled_avx2_us"] = round(medians["compiled_avx2"])
+        result["avx512_speedup"] = round(medians["compiled_avx2"] / medians["compiled"], 2)
+    print(json.dumps(result))
     return 0
+
+
+def _has_avx512() -> bool:
+    return " avx512f " in Path("/proc/cpuinfo").read_text()
+
+
+def _without_avx512(*args: object) -> torch.Tensor:
+    cpu_attention.allow_avx512(False)
+    try:
+        return cpu_attention.paged_attention(*args)
+    finally:
+        cpu_attention.allow_avx512(True)
 
 
 if __name__ == "__main__":

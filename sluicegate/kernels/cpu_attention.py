@@ -6,7 +6,8 @@ fp32 copy and runs SDPA over it; on a CPU those copies are most of the attention
 C++ kernels read keys and values in place through the block table (``bench/cpu_decode.py``).
 Same signatures as ``sluicegate.kernels.reference``, for CPU tensors of float32, bfloat16 or float16
 (others take the reference whole; prefill rows of a head_dim or block size that is not a
-multiple of 16 too). A 16-bit cache is read as it is stored and widened to float32 in
+multiple of 16 too). Decode rows take 16-float AVX-512 registers where the CPU has them and
+head_dim is a multiple of 16, else 8-float AVX2 ones. A 16-bit cache is read as it is stored and widened to float32 in
 registers, so scores, softmax and the weighted sum are float32 as in the reference, which
 gathers a float32 copy first; the queries go in as float32 and the output comes back in
 their dtype.
@@ -24,7 +25,7 @@ import torch
 from sluicegate.kernels import cpu_ops, reference
 from sluicegate.kernels.cpu_build import extension
 
-__all__ = ["available", "paged_attention", "store_kv"]
+__all__ = ["allow_avx512", "available", "paged_attention", "store_kv"]
 
 
 def store_kv(
@@ -50,6 +51,14 @@ def store_kv(
 def available() -> bool:
     """Whether the compiled decode kernel could be built (builds it on first call)."""
     return extension() is not None
+
+
+def allow_avx512(allow: bool) -> bool:
+    """Let the decode kernel use its AVX-512 path where the CPU has it (on by default; tests
+    and benches turn it off to run the AVX2 one); returns the previous setting."""
+    kernels = extension()
+    assert kernels is not None, "check available() first"
+    return bool(kernels.paged_decode_allow_avx512(allow))
 
 
 def paged_attention(

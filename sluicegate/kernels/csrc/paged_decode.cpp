@@ -13,64 +13,27 @@
 // Where head_dim is a multiple of 8 and the compiler targets AVX2 with FMA, the dot products
 // and the weighted sum of values run on 8-float registers: two keys and up to four query
 // heads at a time for the scores, two query heads and 32 dimensions at a time for the
-// values, so each loaded key or value vector feeds several multiply-adds.
+// values, so each loaded key or value vector feeds several multiply-adds. Where head_dim is a
+// multiple of 16 and the CPU has AVX-512 (compiled by attribute, chosen at run time), 16-float
+// registers: four keys by up to four heads for the scores, summed across lanes four at a time,
+// and every dimension of up to four heads in one pass over the values.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "convert.h"
+#include "decode_task.h"
+#include "decode_wide.h"
 #include "parallel_items.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
 namespace {
 
 using sg::to_float;
-
-template <typename T>
-struct Task {
-  const float* q;       // the group's first query head: [group, head_dim]
-  const T* k;           // this KV head's slice of the cache
-  const T* v;
-  const int64_t* offsets;  // each token's slot in the cache, in elements (from the table)
-  int64_t len, group, head_dim;
-  float scale;
-  float* out;           // [group, head_dim]
-};
-
-template <typename T>
-inline const T* slot(const T* cache, const Task<T>& t, int64_t token) {
-  return cache + t.offsets[token];
-}
-
-// Each token's slot offset, block by block: the kernels read every key and value several
-// times, and a division by the block size per read cost more than the arithmetic on it.
-void slot_offsets(const int32_t* table, int64_t len, int64_t block_size, int64_t row,
-                  std::vector<int64_t>& offsets) {
-  offsets.resize(len);
-  for (int64_t start = 0, b = 0; start < len; start += block_size, ++b) {
-    const int64_t base = static_cast<int64_t>(table[b]) * block_size * row;
-    const int64_t count = std::min(block_size, len - start);
-    for (int64_t j = 0; j < count; ++j) offsets[start + j] = base + j * row;
-  }
-}
-
-void softmax_rows(float* scores, int64_t rows, int64_t len) {
-  for (int64_t g = 0; g < rows; ++g) {
-    float* s = scores + g * len;
-    const float peak = *std::max_element(s, s + len);
-    float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t t = 0; t < len; ++t) {
-      s[t] = std::exp(s[t] - peak);
-      total += s[t];
-    }
-    const float inv = 1.0f / total;
-#pragma omp simd
-    for (int64_t t = 0; t < len; ++t) s[t] *= inv;
-  }
-}
+using namespace sg::decode;
 
 template <typename T>
 void scalar_task(const Task<T>& t, float* scores) {
@@ -99,19 +62,6 @@ void scalar_task(const Task<T>& t, float* scores) {
 }
 
 #ifdef SG_VECTOR
-
-// Rows fetched ahead: a request's blocks lie anywhere in the cache, so the hardware
-// prefetcher loses the stream at every block boundary. 8 measured best of 4, 8 and 16
-// (SmolLM2 bf16, 32 rows: the decode kernel's time a step 18.3 -> 11.5 ms).
-constexpr int64_t kAhead = 8;
-
-template <typename T>
-inline void prefetch_row(const T* row, int64_t head_dim) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < head_dim * static_cast<int64_t>(sizeof(T)); b += 64)
-    _mm_prefetch(bytes + b, _MM_HINT_T0);
-}
-
 inline float hsum(__m256 x) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
   const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -226,6 +176,7 @@ void decode_all(const float* qp, const T* kp, const T* vp, const int32_t* tables
   const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
 #ifdef SG_VECTOR
   const bool vector = head_dim % 8 == 0;
+  const bool wide = head_dim % 16 == 0 && wide_decode();
 #endif
   parallel_items(batch * num_kv_heads, [&](int64_t task) {
     thread_local std::vector<float> scores;
@@ -242,6 +193,10 @@ void decode_all(const float* qp, const T* kp, const T* vp, const int32_t* tables
                     op + (b * num_heads + kvh * group) * head_dim};
     scores.resize(group * len);
 #ifdef SG_VECTOR
+    if (wide) {
+      wide_task(t, scores.data());
+      return;
+    }
     if (vector) {
       vector_task(t, scores.data());
       return;
@@ -252,6 +207,14 @@ void decode_all(const float* qp, const T* kp, const T* vp, const int32_t* tables
 }
 
 }  // namespace
+
+bool paged_decode_allow_avx512(bool allow) {
+#ifdef SG_VECTOR
+  return sg::decode::wide_allowed.exchange(allow);
+#else
+  return false;
+#endif
+}
 
 at::Tensor paged_decode(
     const at::Tensor& q,
