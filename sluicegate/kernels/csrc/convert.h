@@ -94,6 +94,21 @@ inline void store8(c10::Half* p, __m256 x) {
 #endif
 }
 
+// 16 values as one float32 register, for code compiled for avx512f by attribute (and run only
+// where the CPU has it).
+__attribute__((target("avx512f"))) inline __m512 load16(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+
+__attribute__((target("avx512f"))) inline __m512 load16(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+__attribute__((target("avx512f"))) inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 #endif  // SG_VECTOR
 
 // n values of src widened into dst.

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "decode_task.h"
+#include "dispatch.h"
 
 #include <atomic>
 
@@ -19,19 +20,6 @@ inline std::atomic<bool> wide_allowed{true};
 inline bool wide_decode() {
   static const bool supported = __builtin_cpu_supports("avx512f");
   return supported && wide_allowed.load(std::memory_order_relaxed);
-}
-
-__attribute__((target("avx512f"))) inline __m512 load16(const float* p) {
-  return _mm512_loadu_ps(p);
-}
-
-__attribute__((target("avx512f"))) inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-__attribute__((target("avx512f"))) inline __m512 load16(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // {sum(a), sum(b), sum(c), sum(d)}: one lane-summing tree for four dot products instead of
@@ -135,37 +123,21 @@ template <int C, typename T>
 void wide_value_heads(const Task<T>& t, int64_t d0, const float* scores) {
   constexpr int kHeads = C <= 4 ? 4 : 2;
   for (int64_t g0 = 0; g0 < t.group; g0 += kHeads) {
-    switch (std::min<int64_t>(kHeads, t.group - g0)) {
-      case 4: if constexpr (kHeads == 4) wide_values<4, C>(t, g0, d0, scores); break;
-      case 3: if constexpr (kHeads == 4) wide_values<3, C>(t, g0, d0, scores); break;
-      case 2: wide_values<2, C>(t, g0, d0, scores); break;
-      default: wide_values<1, C>(t, g0, d0, scores); break;
-    }
+    with_count<kHeads>(t.group - g0, [&](auto g) {
+      wide_values<decltype(g)::value, C>(t, g0, d0, scores);
+    });
   }
 }
 
 template <typename T>
 void wide_task(const Task<T>& t, float* scores) {
   for (int64_t g0 = 0; g0 < t.group; g0 += 4) {
-    switch (std::min<int64_t>(4, t.group - g0)) {
-      case 4: wide_scores<4>(t, g0, scores); break;
-      case 3: wide_scores<3>(t, g0, scores); break;
-      case 2: wide_scores<2>(t, g0, scores); break;
-      default: wide_scores<1>(t, g0, scores); break;
-    }
+    with_count<4>(t.group - g0, [&](auto g) { wide_scores<decltype(g)::value>(t, g0, scores); });
   }
   softmax_rows(scores, t.group, t.len);
   for (int64_t d0 = 0; d0 < t.head_dim; d0 += 128) {
-    switch (std::min<int64_t>(128, t.head_dim - d0) / 16) {
-      case 8: wide_value_heads<8>(t, d0, scores); break;
-      case 7: wide_value_heads<7>(t, d0, scores); break;
-      case 6: wide_value_heads<6>(t, d0, scores); break;
-      case 5: wide_value_heads<5>(t, d0, scores); break;
-      case 4: wide_value_heads<4>(t, d0, scores); break;
-      case 3: wide_value_heads<3>(t, d0, scores); break;
-      case 2: wide_value_heads<2>(t, d0, scores); break;
-      default: wide_value_heads<1>(t, d0, scores); break;
-    }
+    with_count<8>((t.head_dim - d0) / 16,
+                  [&](auto c) { wide_value_heads<decltype(c)::value>(t, d0, scores); });
   }
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "convert.h"
+#include "dispatch.h"
 
 #include <cstring>
 #include <type_traits>
@@ -22,16 +23,6 @@ namespace sg::packed {
 constexpr int64_t kCols = 16;      // columns per panel: two 8-float vectors
 constexpr int64_t kRows = 6;       // rows per register tile: 12 accumulators of 16 registers
 constexpr int64_t kWideRows = 12;  // rows per AVX-512 tile: 12 accumulators of 32 registers
-
-// f(std::integral_constant<int, R>{}) for R = rows, 1 <= rows <= Max: a tile's row count
-// known at run time picks the template compiled for it.
-template <int Max, typename F>
-void with_rows(int64_t rows, F&& f) {
-  if constexpr (Max > 1) {
-    if (rows < Max) return with_rows<Max - 1>(rows, f);
-  }
-  f(std::integral_constant<int, Max>{});
-}
 
 // Panel row k's 16 columns as two float32 vectors. A bf16 row is one 32-byte load whose
 // values two unpacks slide into the top halves of 32-bit lanes (a shift would take a port
@@ -114,23 +105,9 @@ void tile(const float* A, int64_t lda, const P* panel, int64_t K, float* C, int6
 template <typename P>
 void tile_rows(const float* A, int64_t lda, int64_t rows, const P* panel, int64_t K, float* C,
                int64_t ldc, const float* bias, int64_t cols) {
-  with_rows<kRows>(rows, [&](auto r) {
+  sg::with_count<kRows>(rows, [&](auto r) {
     tile<decltype(r)::value>(A, lda, panel, K, C, ldc, bias, cols);
   });
-}
-
-// Panel row k (16 values, 32- or 64-byte aligned) as one float32 register.
-__attribute__((target("avx512f"))) inline __m512 wide_panel(const float* p) {
-  return _mm512_load_ps(p);
-}
-
-__attribute__((target("avx512f"))) inline __m512 wide_panel(const c10::BFloat16* p) {
-  const __m256i bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-
-__attribute__((target("avx512f"))) inline __m512 wide_panel(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
 // The first ``cols`` lanes of a panel (a model's last panel may be narrower than 16).
@@ -151,7 +128,7 @@ __attribute__((target("avx512f"))) void wide_tile(const float* A, int64_t lda, c
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) c[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 b = wide_panel(panel + k * kCols);
+    const __m512 b = sg::load16(panel + k * kCols);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[r * lda + k]), b, c[r]);
   }
@@ -173,8 +150,8 @@ __attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t l
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
-    const __m512 w0 = wide_panel(p0 + k * kCols);
-    const __m512 w1 = wide_panel(p1 + k * kCols);
+    const __m512 w0 = sg::load16(p0 + k * kCols);
+    const __m512 w1 = sg::load16(p1 + k * kCols);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(A[r * lda + k]);
@@ -195,7 +172,7 @@ __attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t l
 template <typename P>
 void wide_tile_rows(const float* A, int64_t lda, int64_t rows, const P* panel, int64_t K,
                     float* C, int64_t ldc, const float* bias, int64_t cols) {
-  with_rows<kWideRows>(rows, [&](auto r) {
+  sg::with_count<kWideRows>(rows, [&](auto r) {
     wide_tile<decltype(r)::value>(A, lda, panel, K, C, ldc, bias, cols);
   });
 }
@@ -205,7 +182,7 @@ template <typename P>
 void wide_pair_rows(const float* A, int64_t lda, int64_t rows, const P* p0, const P* p1,
                     int64_t K, float* C0, float* C1, int64_t ldc, const float* b0,
                     const float* b1, int64_t cols0, int64_t cols1) {
-  with_rows<kWideRows>(rows, [&](auto r) {
+  sg::with_count<kWideRows>(rows, [&](auto r) {
     wide_pair_tile<decltype(r)::value>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1);
   });
 }
