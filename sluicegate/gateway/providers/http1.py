@@ -1,45 +1,289 @@
-"""A minimal keep-alive HTTP/1.1 client for the non-streaming upstream hot path.
+"""A minimal keep-alive HTTP/1.1 client for plain-``http://`` OpenAI-compatible upstreams.
 
-Measured on the 2-core dev machine, one ``httpx.AsyncClient.post`` to a local upstream costs
-~0.45 ms of CPU (~1 ms wall) — three times the gateway's whole latency budget — while a plain
-asyncio stream exchange costs ~0.01 ms. So plain-``http://`` upstreams answer non-streaming
-requests through this client; streaming and ``https://`` upstreams keep using httpx, where the
-per-call cost is small next to generation or network time.
+aiohttp's client costs the gateway several times this one's CPU on the two things it does most
+(``python bench/upstream_clients.py``): a whole answer (``post``) and, per relayed chunk of a
+stream (``stream``), a trip through its ``StreamReader``, a timer rescheduled on every read and
+a resume of the transport; a stream's connection is set up in Python (happy eyeballs) too.
+Here one connection is one ``asyncio.Protocol`` that decodes the answer's framing as the bytes
+arrive and wakes its reader once per read, with one timer per exchange however many reads it
+takes.
 
-Scope, on purpose: one origin per pool, ``POST`` with a body, responses framed by
-``content-length``, ``chunked`` or connection close, after any informational (1xx) heads,
-which are skipped. A request on a reused connection that fails before any response byte (the
-server closed an idle keep-alive connection) is sent once more on a fresh connection.
+Scope, on purpose: one origin per pool, ``POST`` with a body, answers framed by
+``content-length``, ``chunked`` or the connection's close, after any informational (1xx)
+heads, which are skipped (bounded). A request on a reused connection that fails before any
+answer byte (the server closed an idle keep-alive connection) is sent once more on a fresh
+connection. A connection goes back to the pool only after an answer read to its end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import time
+from collections.abc import AsyncIterator
 
 MAX_HEAD_BYTES = 64 * 1024
+MAX_CHUNK_LINE_BYTES = 4 * 1024
+PAUSE_READING_BYTES = 256 * 1024
+"""Body bytes buffered, unread by the caller, before the socket stops being read."""
+
+_HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _TO_CLOSE, _DONE = range(8)
 
 
 class UpstreamConnectionError(ConnectionError):
-    """Could not connect, or the connection broke before a full response arrived."""
+    """Could not connect, or the connection broke before a full answer arrived."""
 
 
-class _Connection:
-    __slots__ = ("expired", "reader", "writer")
+class Answer(asyncio.Protocol):
+    """One upstream connection, and the answer being read on it: ``status`` once ``head``
+    returned, then the body through ``readany`` (as it arrives) or ``read`` (whole)."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.expired = False
+    def __init__(self, loop: asyncio.AbstractEventLoop, origin: str) -> None:
+        self._loop = loop
+        self._origin = origin
+        self._transport: asyncio.Transport | None = None
+        self.lost = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.keep_alive = False
+        self.received_any = False
+        """Some byte of this exchange's answer arrived (a stale connection sends none)."""
+        self._state = _HEAD
+        self._unparsed = b""
+        self._interim_bytes = 0
+        self._remaining = 0
+        self._body: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle_timeout_s = 0.0
+        self._deadline = 0.0
+        self._last_read = 0.0
+
+    # ---- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
+        self.received_any = True
+        if self._unparsed:
+            data, self._unparsed = self._unparsed + data, b""
+        try:
+            self._feed(data)
+        except ValueError as exc:
+            self._fail(UpstreamConnectionError(f"{self._origin} sent a malformed answer: {exc}"))
+            return
+        if self._buffered > PAUSE_READING_BYTES and not self._paused:
+            self._paused = True
+            self._transport.pause_reading()  # type: ignore[union-attr]
+        self._wake()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        if self._error is None and self._state != _DONE:
+            if self._state == _TO_CLOSE and exc is None:
+                self._finish()
+            else:
+                self._error = UpstreamConnectionError(
+                    f"connection to {self._origin} broke: {exc or 'closed'}"
+                )
+        self._cancel_timer()
+        self._wake()
+
+    # ---- the exchange, as the pool drives it ---------------------------------------------------
+
+    def send(self, request: bytes, idle_timeout_s: float, deadline: float) -> None:
+        """Writes ``request``; the answer must arrive by ``deadline`` (loop time; 0: none) with
+        no silence longer than ``idle_timeout_s`` (0: any)."""
+        self._reset()
+        self._idle_timeout_s = idle_timeout_s
+        self._deadline = deadline
+        self._last_read = self._loop.time()
+        self._schedule_timer(self._last_read)
+        self._transport.write(request)  # type: ignore[union-attr]
+
+    async def head(self) -> int:
+        """The answer's status, informational heads skipped."""
+        while self._state == _HEAD:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        return self.status
+
+    async def readany(self) -> bytes:
+        """The body bytes that arrived since the last call, waiting for some; ``b""`` at the
+        body's end. Raises ``UpstreamConnectionError`` or ``TimeoutError``."""
+        while not self._body:
+            if self._state == _DONE:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        body = self._body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused:
+            self._paused = False
+            self._last_read = self._loop.time()
+            self._transport.resume_reading()  # type: ignore[union-attr]
+        return data
+
+    async def read(self) -> bytes:
+        """The rest of the body."""
+        parts = []
+        while data := await self.readany():
+            parts.append(data)
+        return b"".join(parts)
+
+    @property
+    def reusable(self) -> bool:
+        return self._state == _DONE and self.keep_alive and not self.lost
+
+    @property
+    def expired(self) -> bool:
+        return isinstance(self._error, TimeoutError)
 
     def close(self) -> None:
-        self.writer.close()
+        self._cancel_timer()
+        if self._transport is not None and not self.lost:
+            self._transport.abort()
 
-    def expire(self) -> None:
-        """The exchange ran out of time: drop the connection, which ends its pending read.
-        (A timer and an abort cost a quarter of what ``asyncio.timeout`` costs per call.)"""
-        self.expired = True
-        self.writer.transport.abort()
+    # ---- framing -------------------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        while data:
+            state = self._state
+            if state == _CHUNK_DATA or state == _LENGTH:
+                piece = data[: self._remaining]
+                data = data[len(piece) :]
+                self._take(piece)
+                self._remaining -= len(piece)
+                if not self._remaining:
+                    if state == _LENGTH:
+                        self._finish()
+                    else:
+                        self._state = _CHUNK_END
+            elif state == _CHUNK_SIZE or state == _TRAILER or state == _CHUNK_END:
+                end = data.find(b"\r\n")
+                if end < 0:
+                    if len(data) > MAX_CHUNK_LINE_BYTES:
+                        raise ValueError("a chunk's size line is too long")
+                    self._unparsed = data
+                    return
+                line, data = data[:end], data[end + 2 :]
+                if state == _CHUNK_END:
+                    if line:
+                        raise ValueError("a chunk longer than its size")
+                    self._state = _CHUNK_SIZE
+                elif state == _TRAILER:
+                    if not line:
+                        self._finish()
+                else:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                    if size < 0:
+                        raise ValueError("a negative chunk size")
+                    self._remaining = size
+                    self._state = _CHUNK_DATA if size else _TRAILER
+            elif state == _HEAD:
+                data = self._feed_head(data)
+            elif state == _TO_CLOSE:
+                self._take(data)
+                return
+            else:
+                # Bytes past the end of the answer: the connection's framing cannot be trusted.
+                self.keep_alive = False
+                return
+
+    def _feed_head(self, data: bytes) -> bytes:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            if len(data) > MAX_HEAD_BYTES:
+                raise ValueError("the head is too long")
+            self._unparsed = data
+            return b""
+        head, data = data[: end + 4], data[end + 4 :]
+        status, length, chunked, keep_alive = parse_head(head)
+        if 100 <= status < 200 and status != 101:
+            # A 100 Continue or 103 Early Hints precedes the answer (RFC 9110 15.2); taken as
+            # the answer, the real one would be read as the next request's. Bounded, so a
+            # server cannot send them forever.
+            self._interim_bytes += len(head)
+            if self._interim_bytes > MAX_HEAD_BYTES:
+                raise ValueError("too many informational answers")
+            return data
+        self.status, self.keep_alive = status, keep_alive
+        if chunked:
+            self._state = _CHUNK_SIZE
+        elif length is None:
+            self._state = _TO_CLOSE
+            self.keep_alive = False
+        elif length:
+            self._state, self._remaining = _LENGTH, length
+        else:
+            self._finish()
+        return data
+
+    def _take(self, piece: bytes) -> None:
+        if piece:
+            self._body.append(piece)
+            self._buffered += len(piece)
+
+    def _finish(self) -> None:
+        self._state = _DONE
+        self._cancel_timer()
+
+    # ---- waiting and timing ------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self.keep_alive = False
+        self.close()
+        self._wake()
+
+    def _schedule_timer(self, since: float) -> None:
+        when = self._deadline or float("inf")
+        if self._idle_timeout_s:
+            when = min(when, since + self._idle_timeout_s)
+        if when != float("inf"):
+            self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        # One timer an exchange, moved on only when it fires: a read costs a clock reading,
+        # not a timer's cancel and rescheduling.
+        self._timer = None
+        now = self._loop.time()
+        if self._deadline and now >= self._deadline:
+            self._fail(TimeoutError(f"{self._origin} did not answer in time"))
+        elif not self._paused and now - self._last_read >= self._idle_timeout_s:
+            self._fail(TimeoutError(f"{self._origin} sent nothing for {self._idle_timeout_s}s"))
+        else:
+            # Reading paused is our caller being slow, not the upstream.
+            self._schedule_timer(now if self._paused else self._last_read)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class Http1Pool:
@@ -57,110 +301,108 @@ class Http1Pool:
         self._connect_timeout_s = connect_timeout_s
         self._read_timeout_s = read_timeout_s
         self._max_idle = max_idle
-        self._idle: list[_Connection] = []
-        self._host_header = f"{host}:{port}"
-
-    async def _connect(self) -> _Connection:
-        try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                reader, writer = await asyncio.open_connection(
-                    self.host, self.port, limit=MAX_HEAD_BYTES
-                )
-        except (OSError, TimeoutError) as exc:
-            raise UpstreamConnectionError(
-                f"cannot connect to {self._host_header}: {exc!r}"
-            ) from exc
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Connection(reader, writer)
+        self._idle: list[Answer] = []
+        self._origin = f"{host}:{port}"
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        """Returns ``(status, body)``; raises UpstreamConnectionError or TimeoutError."""
-        head = [f"POST {path} HTTP/1.1\r\nhost: {self._host_header}\r\n"]
-        head += [f"{name}: {value}\r\n" for name, value in headers.items()]
-        head.append(f"content-length: {len(body)}\r\n\r\n")
-        request = "".join(head).encode("latin-1") + body
-        while self._idle:
-            connection = self._idle.pop()
-            try:
-                return await self._exchange(connection, request)
-            except _StaleConnection:
-                continue
-        return await self._exchange(await self._connect(), request, fresh=True)
-
-    async def _exchange(
-        self, connection: _Connection, request: bytes, *, fresh: bool = False
-    ) -> tuple[int, bytes]:
-        reader = connection.reader
-        received_any = False
-        timer = asyncio.get_running_loop().call_later(self._read_timeout_s, connection.expire)
+        """``(status, body)`` of a whole answer, within the pool's read timeout; raises
+        ``UpstreamConnectionError`` or ``TimeoutError``."""
+        deadline = asyncio.get_running_loop().time() + self._read_timeout_s
+        answer = await self._open(self._request(path, body, headers), 0.0, deadline)
         try:
-            connection.writer.write(request)
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except asyncio.IncompleteReadError as exc:
-                received_any = bool(exc.partial)
-                raise
-            received_any = True
-            status, length, chunked, keep_alive = _parse_head(head)
-            interim_bytes = 0
-            # A 100 Continue or 103 Early Hints precedes the answer on the same connection
-            # (RFC 9110 15.2); taken as the answer, the real one would be read as the next
-            # request's, so the heads are skipped, bounded so a server cannot send them forever.
-            while 100 <= status < 200 and status != 101:
-                interim_bytes += len(head)
-                if interim_bytes > MAX_HEAD_BYTES:
-                    raise ValueError("too many informational responses")
-                head = await reader.readuntil(b"\r\n\r\n")
-                status, length, chunked, keep_alive = _parse_head(head)
-            if length is not None:
-                body = await reader.readexactly(length)
-            elif chunked:
-                body = await _read_chunked(reader)
-            else:
-                body = await reader.read()
-                keep_alive = False
-        except (OSError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
-            connection.close()
-            # An expired exchange is a slow upstream, not a stale or broken connection: below.
-            if not connection.expired:
-                if not fresh and not received_any:
-                    raise _StaleConnection from exc
-                raise UpstreamConnectionError(
-                    f"connection to {self._host_header} broke: {exc!r}"
-                ) from exc
+            content = await answer.read()
         except BaseException:
-            # Cancelled mid-exchange: the connection's state is unknown.
-            connection.close()
+            answer.close()
             raise
-        finally:
-            timer.cancel()
-        if connection.expired:
-            # Also when the last bytes came as it expired: a body read to the connection's end
-            # would not tell a cut from the whole.
-            raise TimeoutError(f"{self._host_header} did not answer in time")
-        if keep_alive and len(self._idle) < self._max_idle:
-            self._idle.append(connection)
-        else:
-            connection.close()
-        return status, body
+        self._release(answer)
+        return answer.status, content
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        *,
+        idle_timeout_s: float,
+        deadline: float = 0.0,
+    ) -> AsyncIterator[Answer]:
+        """An answer whose head was read, its body still to come: no read waits longer than
+        ``idle_timeout_s``, and it ends by ``deadline`` (a ``time.time()``; 0: none)."""
+        loop = asyncio.get_running_loop()
+        by = loop.time() + max(0.001, deadline - time.time()) if deadline else 0.0
+        answer = await self._open(self._request(path, body, headers), idle_timeout_s, by)
+        try:
+            yield answer
+        except BaseException:
+            answer.close()
+            raise
+        self._release(answer)
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
-        for connection in idle:
-            connection.close()
+        for answer in idle:
+            answer.close()
+
+    def _request(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+        head = [f"POST {path} HTTP/1.1\r\nhost: {self._origin}\r\n"]
+        head += [f"{name}: {value}\r\n" for name, value in headers.items()]
+        head.append(f"content-length: {len(body)}\r\n\r\n")
+        return "".join(head).encode("latin-1") + body
+
+    async def _open(self, request: bytes, idle_timeout_s: float, deadline: float) -> Answer:
+        """Sends ``request`` and reads the answer's head, on an idle connection if one is
+        still open (the next one if the server had closed it), else on a new one."""
+        while self._idle:
+            answer = self._idle.pop()
+            if not answer.reusable:
+                answer.close()
+                continue
+            try:
+                return await self._exchange(answer, request, idle_timeout_s, deadline)
+            except UpstreamConnectionError:
+                if answer.received_any:
+                    raise
+        return await self._exchange(await self._connect(), request, idle_timeout_s, deadline)
+
+    async def _exchange(
+        self, answer: Answer, request: bytes, idle_timeout_s: float, deadline: float
+    ) -> Answer:
+        answer.send(request, idle_timeout_s, deadline)
+        try:
+            await answer.head()
+        except BaseException:
+            answer.close()
+            raise
+        return answer
+
+    async def _connect(self) -> Answer:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                transport, answer = await loop.create_connection(
+                    lambda: Answer(loop, self._origin), self.host, self.port
+                )
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamConnectionError(f"cannot connect to {self._origin}: {exc!r}") from exc
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return answer
+
+    def _release(self, answer: Answer) -> None:
+        if answer.reusable and len(self._idle) < self._max_idle:
+            self._idle.append(answer)
+        else:
+            answer.close()
 
 
-class _StaleConnection(Exception):
-    """A reused keep-alive connection was closed by the server before it answered."""
-
-
-def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
+def parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
+    """``(status, content length or None, chunked, keep-alive)`` of a response head."""
     lines = head.split(b"\r\n")
     status_line = lines[0]
     if not status_line.startswith(b"HTTP/1."):
-        raise ValueError(f"not an HTTP/1.x response: {status_line[:40]!r}")
+        raise ValueError(f"not an HTTP/1.x answer: {status_line[:40]!r}")
     status = int(status_line[9:12])
     keep_alive = status_line.startswith(b"HTTP/1.1")
     length: int | None = None
@@ -170,6 +412,8 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
         name = name.strip().lower()
         if name == b"content-length":
             length = int(value)
+            if length < 0:
+                raise ValueError("a negative content-length")
         elif name == b"transfer-encoding":
             chunked = b"chunked" in value.lower()
         elif name == b"connection":
@@ -183,16 +427,3 @@ def _parse_head(head: bytes) -> tuple[int, int | None, bool, bool]:
         # Nothing here asks to switch protocols; past a 101 the bytes are no HTTP/1.1 anymore.
         keep_alive = False
     return status, length, chunked, keep_alive
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        size = int(size_line.split(b";", 1)[0].strip(), 16)
-        if size == 0:
-            # Trailers (rarely sent) end with an empty line.
-            while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                pass
-            return b"".join(parts)
-        parts.append((await reader.readexactly(size + 2))[:-2])

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -44,7 +44,7 @@ from sluicegate.gateway.providers.openai_wire import (
     request_body,
     response,
 )
-from sluicegate.gateway.providers.sse_lines import LineReader
+from sluicegate.gateway.providers.sse_lines import Body, LineReader
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,12 @@ def _error_from_response(status: int, raw: bytes, deployment: str) -> ProviderEr
             status_code=502,
         )
     return ProviderError(message, status_code=400, code="invalid_request", param=param)
+
+
+class _StreamBody(Body, Protocol):
+    """aiohttp's ``StreamReader`` or ``http1.Answer``."""
+
+    async def read(self) -> bytes: ...
 
 
 class OpenAIProvider:
@@ -200,32 +206,46 @@ class OpenAIProvider:
             raise ProviderError(f"deployment {self.name}: {message}", retryable=True)
         return response(parsed, raw)
 
+    @contextlib.asynccontextmanager
+    async def _streamed(
+        self, request: ChatRequest, body: bytes
+    ) -> AsyncIterator[tuple[int, _StreamBody]]:
+        """The stream's status and body. Each read waits at most the first-token timeout; the
+        whole stream ends by the request's deadline (past it the request's slot and
+        reservation are no longer held)."""
+        headers = with_traceparent(self._headers, request.traceparent)
+        deadline = request.deadline
+        async with self._slot():
+            if self._fast is not None:
+                async with self._fast.stream(
+                    self._path + _path(request),
+                    body,
+                    headers,
+                    idle_timeout_s=self._first_token_timeout_s,
+                    deadline=deadline,
+                ) as answer:
+                    yield answer.status, answer
+                return
+            timeout = aiohttp.ClientTimeout(
+                total=max(0.001, deadline - time.time()) if deadline else None,
+                sock_connect=CONNECT_TIMEOUT_S,
+                sock_read=self._first_token_timeout_s,
+            )
+            async with self._sessions.get().post(
+                self._base_url + _path(request), data=body, headers=headers, timeout=timeout
+            ) as reply:
+                yield reply.status, reply.content
+
     async def generate(self, request: ChatRequest) -> AsyncIterator[Chunk]:
         body = _encoder.encode(request_body(request, self.model, stream=True))
         relay = request.passthrough is not None
         started = False
         deadline = request.deadline
-        # Each read waits at most the first-token timeout; the whole stream ends by the
-        # request's deadline (past it the request's slot and reservation are no longer held).
-        timeout = aiohttp.ClientTimeout(
-            total=max(0.001, deadline - time.time()) if deadline else None,
-            sock_connect=CONNECT_TIMEOUT_S,
-            sock_read=self._first_token_timeout_s,
-        )
         try:
-            async with (
-                self._slot(),
-                self._sessions.get().post(
-                    self._base_url + _path(request),
-                    data=body,
-                    headers=with_traceparent(self._headers, request.traceparent),
-                    timeout=timeout,
-                ) as reply,
-            ):
-                if reply.status >= 400:
-                    raw = await reply.read()
-                    raise _error_from_response(reply.status, raw, self.name)
-                reader = LineReader(reply.content)
+            async with self._streamed(request, body) as (status, content):
+                if status >= 400:
+                    raise _error_from_response(status, await content.read(), self.name)
+                reader = LineReader(content)
                 while lines := await reader.lines():
                     if deadline and time.time() > deadline:
                         # Reads are bounded one by one; this bounds the whole stream (past

@@ -9,10 +9,17 @@ buffered and splits it in one call.
 
 from __future__ import annotations
 
-import aiohttp
+from typing import Protocol
+
 from aiohttp.http_exceptions import LineTooLong
 
 from sluicegate.gateway.providers.hosted import SSE_MAX_LINE_BYTES
+
+
+class Body(Protocol):
+    """A body read as it arrives: aiohttp's ``StreamReader`` or ``http1.Answer``."""
+
+    async def readany(self) -> bytes: ...
 
 
 class LineReader:
@@ -23,7 +30,7 @@ class LineReader:
 
     __slots__ = ("_content", "_max_line", "_pending", "_size")
 
-    def __init__(self, content: aiohttp.StreamReader, max_line: int = SSE_MAX_LINE_BYTES) -> None:
+    def __init__(self, content: Body, max_line: int = SSE_MAX_LINE_BYTES) -> None:
         self._content = content
         self._max_line = max_line
         self._pending: list[bytes] = []

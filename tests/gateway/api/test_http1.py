@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -180,4 +181,146 @@ async def test_endless_informational_heads_break_the_exchange(serve: Callable) -
     pool = Http1Pool("127.0.0.1", await serve(handler))
     with pytest.raises(UpstreamConnectionError):
         await pool.post("/x", b"{}", {})
+    await pool.aclose()
+
+
+async def _body_pieces(answer: object) -> list[bytes]:
+    pieces = []
+    while piece := await answer.readany():  # type: ignore[attr-defined]
+        pieces.append(piece)
+    return pieces
+
+
+async def test_a_stream_arrives_as_sent_and_its_connection_is_reused(serve: Callable) -> None:
+    connections = 0
+    go_on = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(
+                b"HTTP/1.1 100 Continue\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"6\r\ndata: \r\n"
+            )
+            await writer.drain()
+            await go_on.wait()
+            # A chunk cut across writes, two chunks in one write, then the end.
+            writer.write(b"5\r\nab")
+            await writer.drain()
+            await asyncio.sleep(0.01)
+            writer.write(b"c\n\n\r\n3\r\nxyz\r\n0\r\n\r\n")
+            await writer.drain()
+            go_on.clear()
+
+    pool = Http1Pool("127.0.0.1", await serve(handler))
+    for _ in range(2):
+        async with pool.stream("/x", b"{}", {}, idle_timeout_s=5) as answer:
+            assert answer.status == 200
+            assert await answer.readany() == b"data: "
+            go_on.set()
+            assert b"".join(await _body_pieces(answer)) == b"abc\n\nxyz"
+    assert connections == 1
+    await pool.aclose()
+
+
+async def test_a_stream_left_before_its_end_closes_its_connection(serve: Callable) -> None:
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nhi\r\n")
+        await writer.drain()
+        await reader.read()  # until the client closes
+
+    pool = Http1Pool("127.0.0.1", await serve(handler))
+    for _ in range(2):
+        async with pool.stream("/x", b"{}", {}, idle_timeout_s=5) as answer:
+            assert await answer.readany() == b"hi"
+    assert connections == 2, "a half-read answer's connection is not reused"
+    await pool.aclose()
+
+
+async def test_a_silent_or_overlong_stream_times_out(serve: Callable) -> None:
+    async def drips(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(100):
+            writer.write(b"1\r\n.\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    port = await serve(drips)
+    pool = Http1Pool("127.0.0.1", port)
+    # Reads every 50 ms: a 0.2 s silence never happens, so only the deadline ends it.
+    started = asyncio.get_running_loop().time()
+    async with pool.stream("/x", b"{}", {}, idle_timeout_s=0.2, deadline=time.time() + 0.5) as a:
+        with pytest.raises(TimeoutError):
+            await _body_pieces(a)
+    assert 0.4 < asyncio.get_running_loop().time() - started < 2
+
+    async def stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\n.\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    pool = Http1Pool("127.0.0.1", await serve(stalls))
+    async with pool.stream("/x", b"{}", {}, idle_timeout_s=0.2) as answer:
+        assert await answer.readany() == b"."
+        with pytest.raises(TimeoutError):
+            await answer.readany()
+
+
+async def test_a_stream_cut_or_malformed_is_a_broken_connection(serve: Callable) -> None:
+    async def cuts(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nabc")
+        await writer.drain()
+        writer.close()
+
+    pool = Http1Pool("127.0.0.1", await serve(cuts))
+    async with pool.stream("/x", b"{}", {}, idle_timeout_s=5) as answer:
+        with pytest.raises(UpstreamConnectionError):
+            await _body_pieces(answer)
+
+    async def garbles(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    pool = Http1Pool("127.0.0.1", await serve(garbles))
+    async with pool.stream("/x", b"{}", {}, idle_timeout_s=5) as answer:
+        with pytest.raises(UpstreamConnectionError, match="malformed"):
+            await answer.readany()
+
+
+async def test_a_caller_that_reads_slowly_pauses_the_socket_not_the_timeout(
+    serve: Callable,
+) -> None:
+    total = 4 * 1024 * 1024
+
+    async def floods(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+        for _ in range(total // 65536):
+            writer.write(b"x" * 65536)
+            await writer.drain()
+
+    pool = Http1Pool("127.0.0.1", await serve(floods))
+    received = 0
+    async with pool.stream("/x", b"{}", {}, idle_timeout_s=0.1) as answer:
+        while piece := await answer.readany():
+            assert len(piece) <= 2 * 1024 * 1024, "reading paused near its bound"
+            received += len(piece)
+            await asyncio.sleep(0.15)  # longer than the idle timeout: our slowness, not its
+    assert received == total
     await pool.aclose()
