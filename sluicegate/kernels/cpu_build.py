@@ -61,12 +61,21 @@ def _sources_digest() -> str:
 
 def build_directory(name: str) -> Path:
     """Where ``name`` is built: under the root torch's loader uses, one folder per torch
-    release too, since an extension built against one torch does not load in another."""
+    install. An extension built against one torch release does not load in another; and torch's
+    loader writes the install's include paths into the folder's ``build.ninja``, so two
+    installs of one release (two checkouts' virtual environments) sharing a folder would each
+    rebuild it for their own paths in turn, a minute each, past an engine worker's start
+    timeout."""
     import torch
     from torch.utils.cpp_extension import get_default_build_root
 
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-    return root / f"{name}-torch{torch.__version__}"
+    return root / f"{name}-torch{torch.__version__}-{install_tag(Path(torch.__file__))}"
+
+
+def install_tag(torch_init: Path) -> str:
+    """A short digest of where this torch is installed."""
+    return hashlib.sha256(str(torch_init.resolve().parent).encode()).hexdigest()[:8]
 
 
 def clear_stale_lock(directory: Path) -> None:

@@ -1,4 +1,5 @@
-"""A CPU-kernel build killed midway must not hang the next one on torch's leftover lock file."""
+"""A CPU-kernel build killed midway must not hang the next one on torch's leftover lock file;
+two torch installs never share a build."""
 
 from __future__ import annotations
 
@@ -32,3 +33,14 @@ def test_a_lock_left_by_a_killed_build_is_cleared(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / built.name / "lock").exists()
+
+
+def test_two_torch_installs_build_in_folders_of_their_own(tmp_path: Path) -> None:
+    first = tmp_path / "a" / "site-packages" / "torch" / "__init__.py"
+    second = tmp_path / "b" / "site-packages" / "torch" / "__init__.py"
+    assert cpu_build.install_tag(first) != cpu_build.install_tag(second)
+    assert cpu_build.install_tag(first) == cpu_build.install_tag(first)
+    import torch
+
+    name = cpu_build.build_directory("x").name
+    assert name.endswith(cpu_build.install_tag(Path(torch.__file__)))
