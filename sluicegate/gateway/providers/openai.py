@@ -2,11 +2,12 @@
 
 The request body and the replies are OpenAI's own (see openai_wire.py: a client's OpenAI body
 goes upstream field for field, and its reply comes back whole in ``raw``). Streams are passed
-through chunk by chunk over the router's aiohttp session (``hosted.Sessions``, shared by every
-deployment), which sets no cap on connections: a stream never waits for another to end unless
-its deployment says so (``max_connections`` in the routing file). A non-streaming client
-request is answered with one non-streaming upstream call (``complete``); to a plain-``http://``
-upstream that call goes through ``Http1Pool``, a minimal keep-alive client (see http1.py).
+through chunk by chunk; a non-streaming client request is answered with one non-streaming
+upstream call (``complete``). To a plain-``http://`` upstream both go through ``Http1Pool``, a
+minimal keep-alive client (see http1.py); to ``https://`` over the router's aiohttp session
+(``hosted.Sessions``, shared by every deployment). Neither caps connections: a stream never
+waits for another to end unless its deployment says so (``max_connections`` in the routing
+file).
 
 Failures map onto ``ProviderError``: connect errors, timeouts, 5xx and 429 (and 401/403/404,
 which mean this deployment is misconfigured) are ``retryable`` so the router may fall back;
@@ -36,7 +37,8 @@ from sluicegate.gateway.providers.hosted import (
     json_headers,
     with_traceparent,
 )
-from sluicegate.gateway.providers.http1 import Http1Pool, UpstreamConnectionError
+from sluicegate.gateway.providers.http1 import Http1Pool
+from sluicegate.gateway.providers.http1_answer import UpstreamConnectionError
 from sluicegate.gateway.providers.openai_wire import (
     Reply,
     choice_delta,
@@ -103,7 +105,7 @@ def _error_from_response(status: int, raw: bytes, deployment: str) -> ProviderEr
 
 
 class _StreamBody(Body, Protocol):
-    """aiohttp's ``StreamReader`` or ``http1.Answer``."""
+    """aiohttp's ``StreamReader`` or ``http1_answer.Answer``."""
 
     async def read(self) -> bytes: ...
 

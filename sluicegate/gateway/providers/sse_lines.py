@@ -17,7 +17,7 @@ from sluicegate.gateway.providers.hosted import SSE_MAX_LINE_BYTES
 
 
 class Body(Protocol):
-    """A body read as it arrives: aiohttp's ``StreamReader`` or ``http1.Answer``."""
+    """A body read as it arrives: aiohttp's ``StreamReader`` or ``http1_answer.Answer``."""
 
     async def readany(self) -> bytes: ...
 

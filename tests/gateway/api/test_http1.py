@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from sluicegate.gateway.providers.http1 import Http1Pool, UpstreamConnectionError
+from sluicegate.gateway.providers.http1 import Http1Pool
+from sluicegate.gateway.providers.http1_answer import UpstreamConnectionError
 
 from .servers import dead_port
 
