@@ -43,7 +43,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import httpx  # noqa: E402
 
-from sluicegate.engine import protocol  # noqa: E402
+from sluicegate.engine import protocol, redis_names  # noqa: E402
 from sluicegate.engine.demo_model import create_demo_model  # noqa: E402
 from sluicegate.gateway.canonical import ChatRequest, Message, Sampling, text_message  # noqa: E402
 from sluicegate.gateway.providers.engine.provider import EngineProvider  # noqa: E402
@@ -72,7 +72,7 @@ class RoundRobin(EngineProvider):
     ) -> str:
         self._turn = getattr(self, "_turn", -1) + 1
         names = sorted(workers)
-        return protocol.worker_stream(self.model, names[self._turn % len(names)])
+        return redis_names.worker_stream(self.model, names[self._turn % len(names)])
 
 
 class TextHash(EngineProvider):

@@ -149,10 +149,10 @@ def test_malformed_stream_entries_are_acknowledged_and_the_worker_keeps_serving(
 ) -> None:
     import redis
 
-    from sluicegate.engine import protocol
+    from sluicegate.engine import protocol, redis_names
 
     client = redis.Redis.from_url(redis_url)
-    stream = protocol.request_stream(pool.model)
+    stream = redis_names.request_stream(pool.model)
     heartbeat = protocol.Heartbeat(
         worker_id="nobody", model=pool.model, served_model_name=pool.model, version="0", time=0.0
     )
@@ -164,7 +164,7 @@ def test_malformed_stream_entries_are_acknowledged_and_the_worker_keeps_serving(
         client.xadd(stream, fields)
 
     def all_acknowledged() -> bool:
-        return client.xpending(stream, protocol.REQUEST_GROUP)["pending"] == 0
+        return client.xpending(stream, redis_names.REQUEST_GROUP)["pending"] == 0
 
     tools.wait_until(all_acknowledged, 10, "the bad entries to be acknowledged")
     assert pool.worker.alive()

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import redis_names
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -133,7 +133,7 @@ def test_killed_gateways_stream_is_settled_by_the_survivor(
     # nobody received.
     client = redis.Redis.from_url(redis_url)
     try:
-        produced = int(client.hget(protocol.produced_key(request_id), "n") or 0)
+        produced = int(client.hget(redis_names.produced_key(request_id), "n") or 0)
     finally:
         client.close()
     assert row["completion_tokens"] <= MAX_TOKENS, (row, took)

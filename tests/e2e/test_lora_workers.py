@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from tests.e2e.conftest import Cluster, model_name
 from tests.engine.lora.adapters import make_adapter, peft_greedy
 
@@ -24,7 +24,7 @@ PROMPTS = [[5, 71, 200, 13, 9], [300, 41, 41, 7, 88, 120, 3, 64, 250], [17] * 20
 
 
 async def replies(redis: aioredis.Redis, request_id: str) -> list[object]:
-    stream = protocol.reply_stream(request_id)
+    stream = redis_names.reply_stream(request_id)
     messages: list[object] = []
     last_id = "0-0"
     async with asyncio.timeout(120):
@@ -33,7 +33,7 @@ async def replies(redis: aioredis.Redis, request_id: str) -> list[object]:
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     last_id = entry_id
-                    message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+                    message = protocol.decode(fields[redis_names.MESSAGE_FIELD])
                     batch = message.messages if isinstance(message, protocol.Batch) else [message]
                     messages.extend(batch)
             if any(isinstance(m, protocol.Error) for m in messages) or any(
@@ -48,20 +48,20 @@ async def control(
 ) -> protocol.ControlReply:
     reply_to = f"sg:test:lora-ctl:{uuid.uuid4().hex[:8]}"
     message = message_of(reply_to)  # type: ignore[operator]
-    stream = protocol.control_stream(model, worker)
-    await redis.xadd(stream, {protocol.MESSAGE_FIELD: protocol.encode(message)})
+    stream = redis_names.control_stream(model, worker)
+    await redis.xadd(stream, {redis_names.MESSAGE_FIELD: protocol.encode(message)})
     async with asyncio.timeout(60):
         while True:
             reply = await redis.xread({reply_to: "0-0"}, block=200)
             for _, entries in reply or []:
                 await redis.delete(reply_to)
-                answer = protocol.decode(entries[0][1][protocol.MESSAGE_FIELD])
+                answer = protocol.decode(entries[0][1][redis_names.MESSAGE_FIELD])
                 assert isinstance(answer, protocol.ControlReply)
                 return answer
 
 
 async def heartbeat(redis: aioredis.Redis, model: str, worker: str) -> protocol.Heartbeat:
-    beat = protocol.decode(await redis.get(protocol.heartbeat_key(model, worker)))
+    beat = protocol.decode(await redis.get(redis_names.heartbeat_key(model, worker)))
     assert isinstance(beat, protocol.Heartbeat)
     return beat
 
@@ -119,8 +119,8 @@ async def _traffic(
                 lora=adapters[name] if name else None,
             )  # fmt: skip
             await redis.xadd(
-                protocol.worker_stream(model, worker),
-                {protocol.MESSAGE_FIELD: protocol.encode(request)},
+                redis_names.worker_stream(model, worker),
+                {redis_names.MESSAGE_FIELD: protocol.encode(request)},
             )
             messages = await replies(redis, request_id)
             assert not [m for m in messages if isinstance(m, protocol.Error)], messages

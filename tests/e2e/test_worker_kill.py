@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -72,7 +72,7 @@ async def _victim_mid_stream(
     the tiny model may finish all of the victim's requests before the kill lands; nor is its
     entry being pending, which it stays until the reply's last write."""
     client = aioredis.Redis.from_url(redis_url)
-    streams = [protocol.request_stream(model), protocol.worker_stream(model, victim_id)]
+    streams = [redis_names.request_stream(model), redis_names.worker_stream(model, victim_id)]
     try:
         while True:
             for stream in streams:
@@ -88,14 +88,14 @@ async def _holds_started_request(
 ) -> bool:
     try:
         pending = await client.xpending_range(
-            stream, protocol.REQUEST_GROUP, min="-", max="+", count=100, consumername=victim_id
+            stream, redis_names.REQUEST_GROUP, min="-", max="+", count=100, consumername=victim_id
         )
     except ResponseError:  # the stream or its group does not exist yet
         return False
     for entry in pending:
         for _, fields in await client.xrange(stream, entry["message_id"], entry["message_id"]):
-            message = protocol.decode(fields[protocol.MESSAGE_FIELD])
-            started_by = await client.get(protocol.started_key(model, message.request_id))
+            message = protocol.decode(fields[redis_names.MESSAGE_FIELD])
+            started_by = await client.get(redis_names.started_key(model, message.request_id))
             # Its client has seen under half the tokens: the rest take the victim far longer
             # than the relay lags behind it and the kill takes to land. Not 10 ms: this loop
             # shares its event loop with twenty SSE clients and the machine with two workers
@@ -112,14 +112,14 @@ async def _victim_holds_nothing(redis_url: str, model: str) -> bool:
     client = aioredis.Redis.from_url(redis_url)
     try:
         pending = await client.xpending_range(
-            protocol.request_stream(model),
-            protocol.REQUEST_GROUP,
+            redis_names.request_stream(model),
+            redis_names.REQUEST_GROUP,
             min="-",
             max="+",
             count=100,
             consumername=VICTIM_ID,
         )
-        own_stream = await client.exists(protocol.worker_stream(model, VICTIM_ID))
+        own_stream = await client.exists(redis_names.worker_stream(model, VICTIM_ID))
     finally:
         await client.aclose()
     return not pending and not own_stream

@@ -19,7 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.block_set import BlockSet
 from sluicegate.engine.kv_events.prompt_tokens import tokenizer_digest
@@ -54,8 +54,8 @@ class KvEventPublisher:
         self.block_size = block_size
         self.snapshot_interval_s = snapshot_interval_s
         self.max_stream_len = max_stream_len
-        self.stream = protocol.kv_events_stream(model, worker_id)
-        self.snapshot_key = protocol.kv_snapshot_key(model, worker_id)
+        self.stream = redis_names.kv_events_stream(model, worker_id)
+        self.snapshot_key = redis_names.kv_snapshot_key(model, worker_id)
         self.epoch = uuid.uuid4().hex[:16]
         """This start's name: a restarted worker's batches count from 0 again."""
         self.blocks = BlockSet()
@@ -106,7 +106,7 @@ class KvEventPublisher:
                 )
                 pipe.xadd(
                     self.stream,
-                    {protocol.MESSAGE_FIELD: protocol.encode(batch)},
+                    {redis_names.MESSAGE_FIELD: protocol.encode(batch)},
                     maxlen=self.max_stream_len,
                     approximate=True,
                 )
@@ -137,7 +137,7 @@ class KvEventPublisher:
         else:
             pipe.pexpire(self.snapshot_key, kept_ms)
         pipe.pexpire(self.stream, kept_ms)
-        tokenizer_key = protocol.tokenizer_key(self.model, self.tokenizer_digest)
+        tokenizer_key = redis_names.tokenizer_key(self.model, self.tokenizer_digest)
         if self._tokenizer is not None:
             pipe.pexpire(tokenizer_key, kept_ms)
         results = await pipe.execute()

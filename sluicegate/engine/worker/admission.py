@@ -10,7 +10,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.worker.cancels import CancelListener
 from sluicegate.engine.worker.serving import InFlight, Server
 
@@ -28,7 +28,7 @@ class Admission:
 
     async def admit(self, stream: str, entry_id: bytes, fields: Any, claimed: bool) -> None:
         writer = self.server.writer
-        raw = entry_field(fields, protocol.MESSAGE_FIELD)
+        raw = entry_field(fields, redis_names.MESSAGE_FIELD)
         try:
             if raw is None:
                 raise protocol.MalformedMessage("entry has no 'm' field")
@@ -68,7 +68,7 @@ class Admission:
         self.server.start(item)
 
     async def _already_started(self, request: protocol.Request) -> bool:
-        key = protocol.started_key(self.model_name, request.request_id)
+        key = redis_names.started_key(self.model_name, request.request_id)
         return bool(await self.redis.exists(key))
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.worker.options import Backoff
 from sluicegate.engine.worker.serving import Server
 
@@ -25,7 +25,7 @@ _REMEMBER_MAX = 10_000
 class CancelListener:
     def __init__(self, pubsub_redis: aioredis.Redis, model_name: str, server: Server) -> None:
         self.redis = pubsub_redis
-        self.channel = protocol.cancel_channel(model_name)
+        self.channel = redis_names.cancel_channel(model_name)
         self.server = server
         self._recent: dict[str, float] = {}
 

@@ -13,7 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.worker.admission import entry_field
 from sluicegate.engine.worker.options import Backoff, WorkerOptions, text
 
@@ -46,15 +46,15 @@ class Intake:
         self.draining = draining
         self.control = control
         model = options.model_name
-        self.control_stream = protocol.control_stream(model, options.worker_id)
-        self.shared_stream = protocol.request_stream(model)
-        self.own_stream = protocol.worker_stream(model, options.worker_id)
+        self.control_stream = redis_names.control_stream(model, options.worker_id)
+        self.shared_stream = redis_names.request_stream(model)
+        self.own_stream = redis_names.worker_stream(model, options.worker_id)
 
     async def ensure_groups(self) -> None:
         for stream in (self.shared_stream, self.own_stream):
             try:
                 await self.redis.xgroup_create(
-                    stream, protocol.REQUEST_GROUP, id="0", mkstream=True
+                    stream, redis_names.REQUEST_GROUP, id="0", mkstream=True
                 )
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
@@ -74,7 +74,7 @@ class Intake:
                 continue
             try:
                 reply = await self.redis.xreadgroup(
-                    protocol.REQUEST_GROUP,
+                    redis_names.REQUEST_GROUP,
                     self.options.worker_id,
                     {self.shared_stream: ">", self.own_stream: ">"},
                     count=count,
@@ -113,7 +113,7 @@ class Intake:
                 await backoff.wait("control", exc)
 
     async def _answer(self, fields: Any) -> None:
-        raw = entry_field(fields, protocol.MESSAGE_FIELD)
+        raw = entry_field(fields, redis_names.MESSAGE_FIELD)
         try:
             command = protocol.decode(raw) if raw is not None else None
         except protocol.MalformedMessage as exc:
@@ -126,7 +126,9 @@ class Intake:
             answer = protocol.ControlReply(self.options.worker_id, False, "no control here")
         else:
             answer = await self.control(command)
-        await self.redis.xadd(command.reply_to, {protocol.MESSAGE_FIELD: protocol.encode(answer)})
+        await self.redis.xadd(
+            command.reply_to, {redis_names.MESSAGE_FIELD: protocol.encode(answer)}
+        )
 
     async def _recreate_groups(self, backoff: Backoff) -> None:
         try:
@@ -159,7 +161,7 @@ class Intake:
         for stream in streams:
             reply = await self.redis.xautoclaim(
                 stream,
-                protocol.REQUEST_GROUP,
+                redis_names.REQUEST_GROUP,
                 self.options.worker_id,
                 min_idle_time=min_idle_ms,
                 start_id="0-0",
@@ -167,7 +169,7 @@ class Intake:
             )
             for entry_id, fields in reply[1] if len(reply) > 1 else []:
                 if fields is None:
-                    await self.redis.xack(stream, protocol.REQUEST_GROUP, entry_id)
+                    await self.redis.xack(stream, redis_names.REQUEST_GROUP, entry_id)
                     continue
                 await self.admit(stream, entry_id, fields, True)
             if stream != self.shared_stream:
@@ -175,14 +177,14 @@ class Intake:
 
     async def _dead_worker_streams(self) -> list[str]:
         model = self.options.model_name
-        registry = protocol.worker_registry(model)
+        registry = redis_names.worker_registry(model)
         members = [text(m) for m in await self.redis.smembers(registry)]
         others = [m for m in members if m != self.options.worker_id]
         if not others:
             return []
-        alive = await self.redis.mget([protocol.heartbeat_key(model, m) for m in others])
+        alive = await self.redis.mget([redis_names.heartbeat_key(model, m) for m in others])
         return [
-            protocol.worker_stream(model, wid)
+            redis_names.worker_stream(model, wid)
             for wid, beat in zip(others, alive, strict=True)
             if beat is None
         ]
@@ -191,7 +193,7 @@ class Intake:
         """Serve what was routed to a dead worker but never read; forget its stream once empty."""
         try:
             reply = await self.redis.xreadgroup(
-                protocol.REQUEST_GROUP, self.options.worker_id, {stream: ">"}, count=count
+                redis_names.REQUEST_GROUP, self.options.worker_id, {stream: ">"}, count=count
             )
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
@@ -207,12 +209,12 @@ class Intake:
             dead = stream.rsplit(":w:", 1)[1]
             pipe = self.redis.pipeline(transaction=False)
             pipe.delete(stream)
-            pipe.srem(protocol.worker_registry(self.options.model_name), dead)
+            pipe.srem(redis_names.worker_registry(self.options.model_name), dead)
             await pipe.execute()
 
     async def _pending_count(self, stream: str) -> int:
         try:
-            summary = await self.redis.xpending(stream, protocol.REQUEST_GROUP)
+            summary = await self.redis.xpending(stream, redis_names.REQUEST_GROUP)
         except ResponseError:
             return 0
         return int(summary.get("pending", 0) if isinstance(summary, dict) else summary[0])

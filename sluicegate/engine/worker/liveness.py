@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import redis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.redis_client import sync_client
 
 logger = logging.getLogger("sluicegate.worker")
@@ -90,7 +90,7 @@ class LivenessThread(threading.Thread):
             self.join(timeout=5)
         if remove_key:
             try:
-                self.client.delete(protocol.heartbeat_key(self.model, self.worker_id))
+                self.client.delete(redis_names.heartbeat_key(self.model, self.worker_id))
             except (redis.RedisError, OSError):
                 pass
         self.client.close()
@@ -101,11 +101,15 @@ class LivenessThread(threading.Thread):
             logger.error("event loop silent for %.0fs: no longer heartbeating", self.stale_after_s)
             return
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(protocol.heartbeat_key(self.model, self.worker_id), self._payload, px=self.ttl_ms)
-        pipe.sadd(protocol.worker_registry(self.model), self.worker_id)
+        pipe.set(
+            redis_names.heartbeat_key(self.model, self.worker_id), self._payload, px=self.ttl_ms
+        )
+        pipe.sadd(redis_names.worker_registry(self.model), self.worker_id)
         now = time.time()
-        pipe.zadd(protocol.MODEL_REGISTRY, {self.model: now})
-        pipe.zremrangebyscore(protocol.MODEL_REGISTRY, "-inf", now - protocol.MODEL_STAMP_KEPT_S)
+        pipe.zadd(redis_names.MODEL_REGISTRY, {self.model: now})
+        pipe.zremrangebyscore(
+            redis_names.MODEL_REGISTRY, "-inf", now - redis_names.MODEL_STAMP_KEPT_S
+        )
         pipe.execute()
         by_stream: dict[str, list[bytes]] = {}
         for stream, entry_id in self.in_flight_entries():
@@ -113,7 +117,7 @@ class LivenessThread(threading.Thread):
         for stream, ids in by_stream.items():
             # Outside the pipeline: a cluster pipeline cannot carry scripts.
             try:
-                taken = self._reclaim([stream], [protocol.REQUEST_GROUP, self.worker_id, *ids])
+                taken = self._reclaim([stream], [redis_names.REQUEST_GROUP, self.worker_id, *ids])
             except redis.ResponseError as exc:
                 # A lost group (Redis restarted empty): the pull loop recreates it.
                 logger.warning("re-claiming on %s failed: %s", stream, exc)

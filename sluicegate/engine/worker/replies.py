@@ -11,7 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.worker.options import Backoff
 
 _REPLY_TTL_S = 120
@@ -41,7 +41,7 @@ class ReplyWriter:
         """Entries answered (or dropped) whose XACK is not written yet: still vouched for, or
         another worker would take over a request this one already answered."""
         self.produced: dict[str, dict[str, Any]] = {}
-        """Produced-token records due to be written (``protocol.produced_key``)."""
+        """Produced-token records due to be written (``redis_names.produced_key``)."""
         self._expired_at: dict[str, float] = {}
         """When each reply stream's TTL was last refreshed."""
 
@@ -96,7 +96,7 @@ class ReplyWriter:
             for payload in payloads:
                 pipe.xadd(
                     reply_to,
-                    {protocol.MESSAGE_FIELD: payload},
+                    {redis_names.MESSAGE_FIELD: payload},
                     maxlen=_REPLY_MAXLEN,
                     approximate=True,
                 )
@@ -105,12 +105,12 @@ class ReplyWriter:
                 refreshed.append(reply_to)
         produced, self.produced = self.produced, {}
         for request_id, record in produced.items():
-            pipe.hset(protocol.produced_key(request_id), mapping=record)
-            pipe.expire(protocol.produced_key(request_id), _PRODUCED_TTL_S)
+            pipe.hset(redis_names.produced_key(request_id), mapping=record)
+            pipe.expire(redis_names.produced_key(request_id), _PRODUCED_TTL_S)
         for write in batch:
             if write.ack:
                 stream, entry_id = write.ack
-                pipe.xack(stream, protocol.REQUEST_GROUP, entry_id)
+                pipe.xack(stream, redis_names.REQUEST_GROUP, entry_id)
                 pipe.xdel(stream, entry_id)
         try:
             await pipe.execute()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.serving.request_delta import RequestDelta
 from sluicegate.engine.tracing import RequestTracer
 from sluicegate.engine.worker.metrics import WorkerMetrics
@@ -205,7 +205,7 @@ class Server:
         started = None
         if not item.started and (text or reasoning_text or tool_calls or finish_reason):
             item.started = True
-            started = protocol.started_key(self.options.model_name, item.request.request_id)
+            started = redis_names.started_key(self.options.model_name, item.request.request_id)
         if output.done:
             self.tracer.request_finished(item.request, item.pulled_at, output)
             self._finish(item, delta, started)

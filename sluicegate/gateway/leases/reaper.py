@@ -21,7 +21,7 @@ counted exactly once, and served means delivered to the client.
   updated by every read at no extra round trip. The reaper takes that id (XINFO GROUPS on the
   stream the lease names, ``Lease.reply_to``), finds each leased request's latest delta at or
   before it (XREVRANGE back from there; a ``Batch`` entry holds deltas of several requests, a
-  resumed attempt's deltas ``protocol.attempt_id`` go to the same stream) and takes its
+  resumed attempt's deltas ``redis_names.attempt_id`` go to the same stream) and takes its
   ``produced``: the request's output tokens up to that delta, resumed ones included. Billed:
   the larger of that and the lease's count, never above the request's ``max_completion``.
   Every token the client received was read first, so this is never less than what it
@@ -41,7 +41,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.admission.limits import RateLimiter
 from sluicegate.gateway.leases.lease import EXPIRED_LUA, Lease, decoder, lease_hashes_key
 from sluicegate.gateway.providers.engine.replies import REPLY_GROUP
@@ -148,9 +148,9 @@ class LeaseReaper:
         if position is None:
             return {}
         attempts = {
-            protocol.attempt_id(lease.request_id, n): lease
+            redis_names.attempt_id(lease.request_id, n): lease
             for lease in leases
-            for n in range(protocol.MAX_RESUMES + 1)
+            for n in range(redis_names.MAX_RESUMES + 1)
         }
         found: dict[str, int] = {}
         upper = position
@@ -189,10 +189,12 @@ class LeaseReaper:
         """Take the prompt count the engine reported for the lease's request (exact, where the
         lease may hold the admission's estimate), and stop generations nobody will read. The
         completion count stays the lease's: what was delivered (see the module's docstring)."""
-        ids = [protocol.attempt_id(lease.request_id, n) for n in range(protocol.MAX_RESUMES + 1)]
+        ids = [
+            redis_names.attempt_id(lease.request_id, n) for n in range(redis_names.MAX_RESUMES + 1)
+        ]
         pipe = self._redis.pipeline(transaction=False)
         for engine_id in ids:
-            pipe.hgetall(protocol.produced_key(engine_id))
+            pipe.hgetall(redis_names.produced_key(engine_id))
         records = await pipe.execute()
         cancels = self._redis.pipeline(transaction=False)
         for engine_id, record in zip(ids, records, strict=True):
@@ -203,7 +205,7 @@ class LeaseReaper:
             if not int(record.get(b"d", 0)):
                 model = record.get(b"m", b"").decode()
                 cancels.publish(
-                    protocol.cancel_channel(model), protocol.encode(protocol.Cancel(engine_id))
+                    redis_names.cancel_channel(model), protocol.encode(protocol.Cancel(engine_id))
                 )
         if len(cancels):
             await cancels.execute()
@@ -228,9 +230,9 @@ def _text(value: object) -> str:
 
 def _deltas(fields: dict[object, object]) -> list[protocol.Delta]:
     """The deltas of one reply entry, latest first (a ``Batch`` holds several, in order)."""
-    raw = fields.get(protocol.MESSAGE_FIELD)
+    raw = fields.get(redis_names.MESSAGE_FIELD)
     if raw is None:
-        raw = fields.get(protocol.MESSAGE_FIELD.decode())
+        raw = fields.get(redis_names.MESSAGE_FIELD.decode())
     try:
         message = protocol.decode(raw if isinstance(raw, bytes) else b"")
     except protocol.MalformedMessage:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis
 
-from sluicegate.engine.protocol import MODEL_REGISTRY
+from sluicegate.engine.redis_names import MODEL_REGISTRY
 
 DISCOVERY_REFRESH_S = 1.0
 DISCOVERY_WINDOW_S = 3600.0

@@ -9,7 +9,7 @@ from typing import Any
 from litestar import Controller, Request, get
 from litestar.response import Template
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.ui.common import render
 from sluicegate.gateway.ui.session import ui_guard
 
@@ -24,18 +24,18 @@ async def worker_heartbeats(request: Request[Any, Any, Any]) -> list[protocol.He
     redis = request.app.state.redis
     # Newest first: with more than MAX_MODELS_SHOWN recent models, the ones beating now.
     recent = await redis.zrevrangebyscore(
-        protocol.MODEL_REGISTRY, "+inf", time.time() - RECENT_S, start=0, num=MAX_MODELS_SHOWN
+        redis_names.MODEL_REGISTRY, "+inf", time.time() - RECENT_S, start=0, num=MAX_MODELS_SHOWN
     )
     beats = []
     for raw_model in recent:
         model = raw_model.decode() if isinstance(raw_model, bytes) else raw_model
         ids = [
             w.decode() if isinstance(w, bytes) else w
-            for w in await redis.smembers(protocol.worker_registry(model))
+            for w in await redis.smembers(redis_names.worker_registry(model))
         ]
         if not ids:
             continue
-        for raw in await redis.mget([protocol.heartbeat_key(model, w) for w in ids]):
+        for raw in await redis.mget([redis_names.heartbeat_key(model, w) for w in ids]):
             if raw is None:
                 continue
             try:

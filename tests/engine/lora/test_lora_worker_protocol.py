@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.worker import build_parser, engine_kwargs
 from tests.engine.lora.adapters import make_adapter, peft_greedy
 from tests.engine.worker.worker_harness import WorkerHarness, running_worker
@@ -38,14 +38,14 @@ def expected(llama_dir: Path, adapter_dirs: dict[str, Path]) -> dict[str | None,
 
 async def command(worker: WorkerHarness, message: protocol.LoadLora | protocol.UnloadLora):
     await worker.redis.xadd(
-        protocol.control_stream(worker.model, worker.worker.options.worker_id),
-        {protocol.MESSAGE_FIELD: protocol.encode(message)},
+        redis_names.control_stream(worker.model, worker.worker.options.worker_id),
+        {redis_names.MESSAGE_FIELD: protocol.encode(message)},
     )
     async with asyncio.timeout(30):
         while True:
             reply = await worker.redis.xread({message.reply_to: "0-0"}, block=200)
             for _, entries in reply or []:
-                answer = protocol.decode(entries[0][1][protocol.MESSAGE_FIELD])
+                answer = protocol.decode(entries[0][1][redis_names.MESSAGE_FIELD])
                 assert isinstance(answer, protocol.ControlReply)
                 return answer
 

@@ -20,7 +20,7 @@ import pytest
 import redis.asyncio as aioredis
 import torch
 
-from sluicegate.engine import LLM, SamplingParams, protocol
+from sluicegate.engine import LLM, SamplingParams, protocol, redis_names
 from sluicegate.engine.models.config import ModelConfig
 from sluicegate.engine.parallel.shard import ShardPlan, split_evenly
 from sluicegate.engine.worker import build_parser, engine_kwargs
@@ -165,15 +165,15 @@ async def test_a_dead_rank_fails_the_request_clearly_and_the_worker_exits(
         sampling = protocol.Sampling(max_tokens=20, temperature=0, ignore_eos=True)
         request = protocol.Request(request_id, model, sampling, prompt_token_ids=prompts()[1])
         await redis.xadd(
-            protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
+            redis_names.request_stream(model), {redis_names.MESSAGE_FIELD: protocol.encode(request)}
         )
-        stream, last, messages = protocol.reply_stream(request_id), "0-0", []
+        stream, last, messages = redis_names.reply_stream(request_id), "0-0", []
         async with asyncio.timeout(120):
             while True:
                 for _, entries in await redis.xread({stream: last}, block=200) or []:
                     for entry_id, fields in entries:
                         last = entry_id
-                        message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+                        message = protocol.decode(fields[redis_names.MESSAGE_FIELD])
                         batch = (
                             message.messages if isinstance(message, protocol.Batch) else [message]
                         )
@@ -184,13 +184,15 @@ async def test_a_dead_rank_fails_the_request_clearly_and_the_worker_exits(
 
     try:
         async with asyncio.timeout(180):
-            while not await redis.zscore(protocol.MODEL_REGISTRY, model):
+            while not await redis.zscore(redis_names.MODEL_REGISTRY, model):
                 assert process.poll() is None, "the worker exited while starting"
                 await asyncio.sleep(0.2)
         served = await ask()
         assert [t for m in served for t in m.token_ids] == want[0].token_ids
-        (worker_id,) = await redis.smembers(protocol.worker_registry(model))
-        beat = protocol.decode(await redis.get(protocol.heartbeat_key(model, worker_id.decode())))
+        (worker_id,) = await redis.smembers(redis_names.worker_registry(model))
+        beat = protocol.decode(
+            await redis.get(redis_names.heartbeat_key(model, worker_id.decode()))
+        )
         assert isinstance(beat, protocol.Heartbeat)
         assert (beat.tensor_parallel_size, beat.weight_dtype, beat.kv_cache_dtype) == (
             2, "float32", "float32"

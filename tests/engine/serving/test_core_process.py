@@ -23,7 +23,7 @@ import msgspec
 import pytest
 import redis
 
-from sluicegate.engine import LLM, SamplingParams, protocol
+from sluicegate.engine import LLM, SamplingParams, protocol, redis_names
 from sluicegate.engine.serving.async_engine import AsyncEngine, EngineStopped
 from tests.engine.worker.worker_harness import REDIS_URL, WorkerHarness, running_worker
 
@@ -90,7 +90,7 @@ async def _serve_all(worker: WorkerHarness) -> dict[str, list[tuple[object, ...]
     for request in requests:
         await worker.send(request)
     replies = {r.request_id: await worker.replies(r.request_id) for r in requests}
-    await worker.redis.delete(*(protocol.reply_stream(rid) for rid in replies))
+    await worker.redis.delete(*(redis_names.reply_stream(rid) for rid in replies))
     return {rid.split("-", 1)[1]: _comparable(got) for rid, got in replies.items()}
 
 
@@ -166,15 +166,16 @@ def _worker_process(
         for index, request_id in enumerate(rids):
             request = protocol.Request(request_id, model, sampling, prompt_token_ids=[5, 6 + index])
             client.xadd(
-                protocol.request_stream(model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
+                redis_names.request_stream(model),
+                {redis_names.MESSAGE_FIELD: protocol.encode(request)},
             )
         _read(client, rids[0], until=lambda m: isinstance(m, protocol.Delta))
-        yield worker, rids, protocol.heartbeat_key(model, f"{socket.gethostname()}-{worker.pid}")
+        yield worker, rids, redis_names.heartbeat_key(model, f"{socket.gethostname()}-{worker.pid}")
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.wait()
-        client.delete(*client.scan_iter(f"*{model}*"), *(protocol.reply_stream(r) for r in rids))
+        client.delete(*client.scan_iter(f"*{model}*"), *(redis_names.reply_stream(r) for r in rids))
         client.close()
 
 
@@ -229,8 +230,8 @@ def _alive(pid: int) -> bool:
 def _replies(client: redis.Redis, request_id: str) -> list[object]:
     """Every reply of the request so far, in order (a batch's messages one by one)."""
     messages: list[object] = []
-    for _, fields in client.xrange(protocol.reply_stream(request_id)):
-        message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+    for _, fields in client.xrange(redis_names.reply_stream(request_id)):
+        message = protocol.decode(fields[redis_names.MESSAGE_FIELD])
         messages.extend(message.messages if isinstance(message, protocol.Batch) else [message])
     return messages
 

@@ -10,7 +10,7 @@ import random
 import uuid
 from pathlib import Path
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.core.block_manager import compute_block_hashes
 from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.prompt_tokens import PromptTokenizer
@@ -77,14 +77,16 @@ async def test_the_index_equals_the_worker_cache_after_evictions_and_heals_a_gap
             state = index.indexes["w1"]
             assert state.blocks.hashes() == cached(harness)
             assert state.gaps == 0
-            entries = await redis.xrange(protocol.kv_events_stream(model, "w1"))
+            entries = await redis.xrange(redis_names.kv_events_stream(model, "w1"))
             events = [e for _, f in entries for e in kv_messages.decode_kv(f[b"m"]).events]
             assert any(isinstance(e, kv_messages.KvBlockRemoved) for e in events), "no eviction"
 
             # The reader falls behind and the stream is trimmed past it: a gap.
             await run_workload(harness, seed=2, count=12)
             await asyncio.sleep(0.3)
-            await redis.xtrim(protocol.kv_events_stream(model, "w1"), maxlen=1, approximate=False)
+            await redis.xtrim(
+                redis_names.kv_events_stream(model, "w1"), maxlen=1, approximate=False
+            )
             await run_workload(harness, seed=3, count=6)
             await caught_up(harness, index)
             assert state is index.indexes["w1"] and state.gaps >= 1
@@ -110,7 +112,7 @@ async def test_the_gateway_hashes_a_chat_request_as_the_worker_does(
                     break
                 await asyncio.sleep(0.05)
             assert harness.worker.heartbeat().kv_events
-            raw = await redis.get(protocol.tokenizer_key(model, publisher.tokenizer_digest))
+            raw = await redis.get(redis_names.tokenizer_key(model, publisher.tokenizer_digest))
             files = kv_messages.decode_kv(raw)
             assert isinstance(files, kv_messages.TokenizerFiles)
             request = protocol.Request(

@@ -9,7 +9,7 @@ import random
 import uuid
 from pathlib import Path
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.canonical import ChatRequest, Sampling
 from sluicegate.gateway.providers.engine.provider import EngineProvider
 from sluicegate.gateway.settings import Settings
@@ -24,8 +24,8 @@ async def serve_on(harness: WorkerHarness, worker_id: str, prompt: list[int]) ->
         prompt_token_ids=prompt,
         sampling=protocol.Sampling(max_tokens=1, temperature=0),
     )
-    stream = protocol.worker_stream(harness.model, worker_id)
-    await harness.redis.xadd(stream, {protocol.MESSAGE_FIELD: protocol.encode(request)})
+    stream = redis_names.worker_stream(harness.model, worker_id)
+    await harness.redis.xadd(stream, {redis_names.MESSAGE_FIELD: protocol.encode(request)})
     await harness.replies(request.request_id)
 
 

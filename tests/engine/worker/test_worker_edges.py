@@ -26,7 +26,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.serving.async_engine import AsyncEngine
 from sluicegate.engine.worker import Worker, WorkerOptions
 from sluicegate.engine.worker.liveness import RETRY_AFTER_FAILURE_S, LivenessThread
@@ -49,18 +49,18 @@ def _cleanup(client: redis.Redis, model: str) -> None:
 
 
 def _owners(client: redis.Redis, stream: str) -> dict[bytes, tuple[bytes, int]]:
-    pending = client.xpending_range(stream, protocol.REQUEST_GROUP, "-", "+", 100)
+    pending = client.xpending_range(stream, redis_names.REQUEST_GROUP, "-", "+", 100)
     return {p["message_id"]: (p["consumer"], p["time_since_delivered"]) for p in pending}
 
 
 def test_liveness_reclaims_only_entries_still_its_own() -> None:
     client = redis.Redis.from_url(REDIS_URL)
     model = _model()
-    stream = protocol.request_stream(model)
-    client.xgroup_create(stream, protocol.REQUEST_GROUP, id="0", mkstream=True)
-    mine = client.xadd(stream, {protocol.MESSAGE_FIELD: b"a"})
-    taken = client.xadd(stream, {protocol.MESSAGE_FIELD: b"b"})
-    client.xreadgroup(protocol.REQUEST_GROUP, "w1", {stream: ">"})
+    stream = redis_names.request_stream(model)
+    client.xgroup_create(stream, redis_names.REQUEST_GROUP, id="0", mkstream=True)
+    mine = client.xadd(stream, {redis_names.MESSAGE_FIELD: b"a"})
+    taken = client.xadd(stream, {redis_names.MESSAGE_FIELD: b"b"})
+    client.xreadgroup(redis_names.REQUEST_GROUP, "w1", {stream: ">"})
     lost: list[tuple[str, list[bytes]]] = []
     thread = LivenessThread(
         REDIS_URL,
@@ -73,7 +73,7 @@ def test_liveness_reclaims_only_entries_still_its_own() -> None:
         thread.publish(protocol.Heartbeat("w1", model, model, "test", time.time()))
         time.sleep(0.3)
         # w1 was presumed dead (a partition, say) and w2 took this entry over.
-        client.xclaim(stream, protocol.REQUEST_GROUP, "w2", 0, [taken], justid=True)
+        client.xclaim(stream, redis_names.REQUEST_GROUP, "w2", 0, [taken], justid=True)
         thread.beat()
         owners = _owners(client, stream)
         assert owners[taken][0] == b"w2", "an entry another worker took over stays with it"
@@ -195,7 +195,7 @@ async def test_an_answered_entry_is_not_taken_over_while_its_ack_lags(llama_dir:
     model = _model()
     direct = aioredis.from_url(REDIS_URL)
     sync = redis.Redis.from_url(REDIS_URL)
-    stream = protocol.request_stream(model)
+    stream = redis_names.request_stream(model)
     try:
         with _proxy() as proxy:
             async with _worker(llama_dir, model, proxy.url) as worker:
@@ -209,7 +209,7 @@ async def test_an_answered_entry_is_not_taken_over_while_its_ack_lags(llama_dir:
                 await _eventually(lambda: not worker.in_flight, timeout_s=60)
                 await asyncio.sleep(CLAIM_IDLE_S * 2)
                 claimed = sync.xautoclaim(
-                    stream, protocol.REQUEST_GROUP, "w2", int(CLAIM_IDLE_S * 1000), justid=True
+                    stream, redis_names.REQUEST_GROUP, "w2", int(CLAIM_IDLE_S * 1000), justid=True
                 )
                 assert claimed == [], "the answered entry was left for others to take over"
                 proxy.paused.clear()
@@ -229,7 +229,7 @@ async def test_a_duplicate_entry_is_acked_and_never_fails_the_live_stream(
     model = _model()
     direct = aioredis.from_url(REDIS_URL)
     sync = redis.Redis.from_url(REDIS_URL)
-    stream = protocol.request_stream(model)
+    stream = redis_names.request_stream(model)
     try:
         async with _worker(llama_dir, model, REDIS_URL) as worker:
             harness = WorkerHarness(direct, model, worker.engine, worker)
@@ -243,8 +243,8 @@ async def test_a_duplicate_entry_is_acked_and_never_fails_the_live_stream(
             assert not any(isinstance(m, protocol.Error) for m in replies), replies
             # Long enough for a stranded entry to go idle and be taken over by a claim loop.
             await asyncio.sleep(CLAIM_IDLE_S + 4 * INTERVAL_S)
-            everything = await direct.xrange(protocol.reply_stream(request.request_id))
-            messages = [protocol.decode(f[protocol.MESSAGE_FIELD]) for _, f in everything]
+            everything = await direct.xrange(redis_names.reply_stream(request.request_id))
+            messages = [protocol.decode(f[redis_names.MESSAGE_FIELD]) for _, f in everything]
             flat = [
                 x for m in messages for x in (m.messages if isinstance(m, protocol.Batch) else [m])
             ]
@@ -261,18 +261,18 @@ def test_a_heartbeat_drops_models_stamped_long_ago() -> None:
     client = redis.Redis.from_url(REDIS_URL)
     model, gone, recent = _model(), _model(), _model()
     now = time.time()
-    client.zadd(protocol.MODEL_REGISTRY, {gone: now - protocol.MODEL_STAMP_KEPT_S - 60})
-    client.zadd(protocol.MODEL_REGISTRY, {recent: now - 3600})
+    client.zadd(redis_names.MODEL_REGISTRY, {gone: now - redis_names.MODEL_STAMP_KEPT_S - 60})
+    client.zadd(redis_names.MODEL_REGISTRY, {recent: now - 3600})
     thread = LivenessThread(REDIS_URL, model, "w1", list, on_lost=lambda s, ids: None)
     try:
         thread.publish(protocol.Heartbeat("w1", model, model, "test", now))
         thread.beat()
-        stamped = {m.decode() for m in client.zrange(protocol.MODEL_REGISTRY, 0, -1)}
+        stamped = {m.decode() for m in client.zrange(redis_names.MODEL_REGISTRY, 0, -1)}
         assert model in stamped and recent in stamped
         assert gone not in stamped
     finally:
         thread.stop()
-        client.zrem(protocol.MODEL_REGISTRY, model, gone, recent)
+        client.zrem(redis_names.MODEL_REGISTRY, model, gone, recent)
         _cleanup(client, model)
         client.close()
 
@@ -293,7 +293,7 @@ def test_heartbeat_is_back_soon_after_a_redis_outage() -> None:
         time.sleep(interval_s + 0.2)  # the first beat has failed
         server.start()
         back_at = time.monotonic()
-        key = protocol.heartbeat_key(model, "w1")
+        key = redis_names.heartbeat_key(model, "w1")
         while not client.exists(key):
             assert time.monotonic() - back_at < interval_s / 2, "no heartbeat after the outage"
             time.sleep(RETRY_AFTER_FAILURE_S / 4)

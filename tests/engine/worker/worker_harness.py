@@ -11,7 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.serving.async_engine import AsyncEngine
 from sluicegate.engine.worker import Worker, WorkerOptions
 
@@ -29,12 +29,13 @@ class WorkerHarness:
 
     async def send(self, request: protocol.Request) -> None:
         await self.redis.xadd(
-            protocol.request_stream(self.model), {protocol.MESSAGE_FIELD: protocol.encode(request)}
+            redis_names.request_stream(self.model),
+            {redis_names.MESSAGE_FIELD: protocol.encode(request)},
         )
 
     async def replies(self, request_id: str, timeout_s: float = 60.0) -> list[Any]:
         """Every reply of a request, up to its last one (a final delta per choice, or an error)."""
-        stream = protocol.reply_stream(request_id)
+        stream = redis_names.reply_stream(request_id)
         messages: list[Any] = []
         last_id = "0-0"
         async with asyncio.timeout(timeout_s):
@@ -43,7 +44,7 @@ class WorkerHarness:
                 for _, entries in reply or []:
                     for entry_id, fields in entries:
                         last_id = entry_id
-                        message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+                        message = protocol.decode(fields[redis_names.MESSAGE_FIELD])
                         if isinstance(message, protocol.Batch):
                             messages.extend(message.messages)
                         else:

@@ -11,7 +11,7 @@ import uuid
 import httpx
 from redis.asyncio import Redis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.worker.liveness import LivenessThread
 from sluicegate.gateway.routing.router import Router
 from sluicegate.gateway.settings import Settings
@@ -44,8 +44,8 @@ async def test_models_discovered_from_worker_heartbeats(redis_url: str) -> None:
         assert any(m["name"] == model for m in router.describe())
     finally:
         liveness.stop()
-        await redis.zrem(protocol.MODEL_REGISTRY, model)
-        await redis.delete(protocol.worker_registry(model))
+        await redis.zrem(redis_names.MODEL_REGISTRY, model)
+        await redis.delete(redis_names.worker_registry(model))
         await router.close()
         await redis.aclose()
 

@@ -12,7 +12,7 @@ import msgspec
 import pytest
 from redis.asyncio import Redis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.admission.limits import Admission, RateLimiter
 from sluicegate.gateway.admission.scripts import EPOCH_TTL_S
 from sluicegate.gateway.errors import RateLimited
@@ -290,10 +290,10 @@ async def test_a_reaped_stream_is_billed_what_reached_its_client_not_what_the_en
         streamed.request_id, prompt_tokens=5, delivered_tokens=7, first_token=True, deployment="d"
     )
     await victim.renew()
-    produced = protocol.produced_key(streamed.request_id)
+    produced = redis_names.produced_key(streamed.request_id)
     await replicas.redis.hset(produced, mapping={"n": 50, "p": 12, "d": 0, "m": "lf-model"})
     cancels = replicas.redis.pubsub()
-    await cancels.subscribe(protocol.cancel_channel("lf-model"))
+    await cancels.subscribe(redis_names.cancel_channel("lf-model"))
     try:
         await replicas.die(victim)
         assert await (await replicas.reaper()).reap() == 1
@@ -326,13 +326,13 @@ class ReplyStream:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
-        self.name = protocol.reply_stream(f"gw-test-{uuid.uuid4().hex[:8]}")
+        self.name = redis_names.reply_stream(f"gw-test-{uuid.uuid4().hex[:8]}")
         self.reader = ReplyReader(redis, self.name, block_ms=100)
 
     async def write(self, *deltas: protocol.Delta) -> None:
         """One entry, as a worker writes one step's replies (a Batch when several)."""
         message = protocol.Batch(list(deltas)) if len(deltas) > 1 else deltas[0]
-        await self.redis.xadd(self.name, {protocol.MESSAGE_FIELD: protocol.encode(message)})
+        await self.redis.xadd(self.name, {redis_names.MESSAGE_FIELD: protocol.encode(message)})
 
     def lease_write(self, replica: LeaseBook, request_id: str, delivered: int) -> None:
         """What ``replica``'s next lease write says of a stream read from here."""
@@ -380,7 +380,7 @@ async def test_a_reaped_stream_is_billed_up_to_what_its_replica_had_read(
     await replies.write(_delta(rid, 3, 2))
     await replies.write(_delta(rid, 4, 3))
     await replies.received(queue, 4)
-    resumed = protocol.attempt_id(rid, 1)
+    resumed = redis_names.attempt_id(rid, 1)
     queue = replies.reader.open(resumed)
     await replies.write(_delta(resumed, 5, 0), _delta("someone-else", 99))
     await replies.write(_delta(resumed, 6, 1))
@@ -388,7 +388,7 @@ async def test_a_reaped_stream_is_billed_up_to_what_its_replica_had_read(
     await replies.reader.aclose()  # the replica dies: nothing more is read
     for produced in range(7, 11):
         await replies.write(_delta(resumed, produced, produced - 5))
-    engine = protocol.produced_key(rid)
+    engine = redis_names.produced_key(rid)
     await replicas.redis.hset(engine, mapping={"n": 50, "p": 12, "d": 0, "m": "lf-model"})
     try:
         await replicas.die(victim)

@@ -11,7 +11,7 @@ import uuid
 
 import redis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 
 
 class ScriptedWorker:
@@ -31,7 +31,7 @@ class ScriptedWorker:
 
     def start(self) -> ScriptedWorker:
         self._beat()
-        self._redis.sadd(protocol.worker_registry(self.model), self.worker_id)
+        self._redis.sadd(redis_names.worker_registry(self.model), self.worker_id)
         self._thread.start()
         return self
 
@@ -39,10 +39,10 @@ class ScriptedWorker:
         self._stopping.set()
         self._thread.join(5)
         self._redis.delete(
-            protocol.request_stream(self.model),
-            protocol.worker_stream(self.model, self.worker_id),
-            protocol.worker_registry(self.model),
-            protocol.heartbeat_key(self.model, self.worker_id),
+            redis_names.request_stream(self.model),
+            redis_names.worker_stream(self.model, self.worker_id),
+            redis_names.worker_registry(self.model),
+            redis_names.heartbeat_key(self.model, self.worker_id),
         )
         self._redis.close()
 
@@ -57,20 +57,20 @@ class ScriptedWorker:
             loras=self.loras,
         )
         self._redis.set(
-            protocol.heartbeat_key(self.model, self.worker_id), protocol.encode(beat), ex=60
+            redis_names.heartbeat_key(self.model, self.worker_id), protocol.encode(beat), ex=60
         )
 
     def _run(self) -> None:
         after = {
-            protocol.request_stream(self.model): b"0-0",
-            protocol.worker_stream(self.model, self.worker_id): b"0-0",
+            redis_names.request_stream(self.model): b"0-0",
+            redis_names.worker_stream(self.model, self.worker_id): b"0-0",
         }
         while not self._stopping.is_set():
             self._beat()
             for stream, entries in self._redis.xread(after, block=200) or []:
                 for entry_id, fields in entries:
                     after[stream.decode()] = entry_id
-                    request = protocol.decode(fields[protocol.MESSAGE_FIELD])
+                    request = protocol.decode(fields[redis_names.MESSAGE_FIELD])
                     assert isinstance(request, protocol.Request)
                     self.requests.append(request)
                     self._answer(request, f"answer {len(self.requests)}")
@@ -86,4 +86,4 @@ class ScriptedWorker:
             worker_id=self.worker_id,
             produced=2,
         )
-        self._redis.xadd(request.reply_key(), {protocol.MESSAGE_FIELD: protocol.encode(delta)})
+        self._redis.xadd(request.reply_key(), {redis_names.MESSAGE_FIELD: protocol.encode(delta)})

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.canonical import ChatRequest, Sampling
 from sluicegate.gateway.errors import ServiceUnavailable
 from sluicegate.gateway.providers.base import ProviderError
@@ -49,34 +49,34 @@ async def provider(redis: Redis, redis_url: str, model: str) -> AsyncIterator[En
     yield provider
     await provider.close()
     await redis.delete(
-        protocol.request_stream(model),
-        protocol.worker_registry(model),
-        protocol.heartbeat_key(model, "w1"),
+        redis_names.request_stream(model),
+        redis_names.worker_registry(model),
+        redis_names.heartbeat_key(model, "w1"),
     )
 
 
 async def _announce(redis: Redis, model: str, worker: str) -> None:
     beat = protocol.Heartbeat(worker, model, model, "test", time.time())
-    await redis.set(protocol.heartbeat_key(model, worker), protocol.encode(beat), ex=60)
-    await redis.sadd(protocol.worker_registry(model), worker)
+    await redis.set(redis_names.heartbeat_key(model, worker), protocol.encode(beat), ex=60)
+    await redis.sadd(redis_names.worker_registry(model), worker)
 
 
 async def _lose_everything(redis: Redis, model: str) -> None:
     """What a Redis restart without persistence leaves of this model: nothing."""
     await redis.delete(
-        protocol.worker_registry(model),
-        protocol.heartbeat_key(model, "w1"),
-        protocol.request_stream(model),
+        redis_names.worker_registry(model),
+        redis_names.heartbeat_key(model, "w1"),
+        redis_names.request_stream(model),
     )
 
 
 async def _serve_one(redis: Redis, model: str) -> None:
     """A worker that is alive but has not beaten since Redis came back: it answers one."""
     while True:
-        reply = await redis.xread({protocol.request_stream(model): "0-0"}, block=2000)
+        reply = await redis.xread({redis_names.request_stream(model): "0-0"}, block=2000)
         for _, entries in reply or []:
             for _, fields in entries:
-                request = protocol.decode(fields[protocol.MESSAGE_FIELD])
+                request = protocol.decode(fields[redis_names.MESSAGE_FIELD])
                 assert isinstance(request, protocol.Request)
                 delta = protocol.Delta(
                     request.request_id,
@@ -87,7 +87,7 @@ async def _serve_one(redis: Redis, model: str) -> None:
                     usage=protocol.Usage(3, 1),
                     worker_id="w1",
                 )
-                message = {protocol.MESSAGE_FIELD: protocol.encode(delta)}
+                message = {redis_names.MESSAGE_FIELD: protocol.encode(delta)}
                 await redis.xadd(request.reply_key(), message)  # type: ignore[arg-type]
                 return
 
@@ -139,7 +139,7 @@ async def test_a_worker_whose_key_expired_is_gone_at_once(
 ) -> None:
     await _announce(redis, model, "w1")
     assert await provider.is_available()
-    await redis.delete(protocol.heartbeat_key(model, "w1"))  # the registry still lists it
+    await redis.delete(redis_names.heartbeat_key(model, "w1"))  # the registry still lists it
     await asyncio.sleep(CACHE_S)
     assert not await provider.is_available()
 
@@ -150,7 +150,7 @@ async def test_a_redis_error_on_submission_does_not_cool_the_deployment(
     await _announce(redis, model, "w1")
     # The request stream holds a string: XADD fails with a Redis error, as on a stale
     # connection right after a restart, while the workers' heartbeats read fine.
-    await redis.set(protocol.request_stream(model), "not a stream")
+    await redis.set(redis_names.request_stream(model), "not a stream")
     settings = Settings(redis_url=redis_url, cooldown_failures=1, upstream_retries=0)
     deployment = Deployment(provider, kind="engine", model=model)
     route = ModelRoute(model, deployments=[deployment])
@@ -159,7 +159,7 @@ async def test_a_redis_error_on_submission_does_not_cool_the_deployment(
         await router.complete(route, _request(model))
     assert "engine transport (Redis) is unavailable" in refused.value.message
     assert not deployment.cooling() and deployment.failures == 0
-    await redis.delete(protocol.request_stream(model))
+    await redis.delete(redis_names.request_stream(model))
     worker = asyncio.create_task(_serve_one(redis, model))
     _, answer = await router.complete(route, _request(model))
     await asyncio.wait_for(worker, 5)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.canonical import ChatRequest, Sampling
 from sluicegate.gateway.providers.base import ProviderError
 from sluicegate.gateway.providers.engine.provider import EngineProvider
@@ -30,24 +30,24 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 async def _announce(redis: Redis, model: str, *workers: str) -> None:
     for worker in workers:
         beat = protocol.Heartbeat(worker, model, model, "test", time.time())
-        await redis.set(protocol.heartbeat_key(model, worker), protocol.encode(beat), ex=60)
-        await redis.sadd(protocol.worker_registry(model), worker)
+        await redis.set(redis_names.heartbeat_key(model, worker), protocol.encode(beat), ex=60)
+        await redis.sadd(redis_names.worker_registry(model), worker)
 
 
 async def _next_request(redis: Redis, model: str, after: list[bytes]) -> protocol.Request:
     while True:
-        reply = await redis.xread({protocol.request_stream(model): after[0]}, block=2000)
+        reply = await redis.xread({redis_names.request_stream(model): after[0]}, block=2000)
         for _, entries in reply or []:
             for entry_id, fields in entries:
                 after[0] = entry_id
-                message = protocol.decode(fields[protocol.MESSAGE_FIELD])
+                message = protocol.decode(fields[redis_names.MESSAGE_FIELD])
                 assert isinstance(message, protocol.Request)
                 return message
 
 
 async def _reply(redis: Redis, request: protocol.Request, *messages: Any) -> None:
     for message in messages:
-        await redis.xadd(request.reply_key(), {protocol.MESSAGE_FIELD: protocol.encode(message)})
+        await redis.xadd(request.reply_key(), {redis_names.MESSAGE_FIELD: protocol.encode(message)})
 
 
 def _delta(request: protocol.Request, worker: str, seq: int, token: int, **kw: Any) -> Any:
@@ -87,7 +87,7 @@ async def test_a_lost_stream_resumes_with_the_delivered_tokens(
     lost = protocol.Error(first.request_id, "worker_lost", "lost", worker_id="w2")
     await _reply(redis, first, lost)
     resumed = await _next_request(redis, model, after)
-    assert resumed.request_id == protocol.attempt_id(request.request_id, 1)
+    assert resumed.request_id == redis_names.attempt_id(request.request_id, 1)
     assert resumed.resume_token_ids == [0, 1]
     assert resumed.sampling == first.sampling  # max_tokens counts the resumed tokens too
     final = protocol.Usage(7, 5)
@@ -102,7 +102,7 @@ async def test_a_lost_stream_resumes_with_the_delivered_tokens(
     assert text == "abcde"
     assert (usage.prompt_tokens, usage.completion_tokens) == (7, 5)
     await provider.close()
-    await redis.delete(protocol.request_stream(model), protocol.worker_registry(model))
+    await redis.delete(redis_names.request_stream(model), redis_names.worker_registry(model))
 
 
 async def test_no_taker_within_resume_timeout_is_the_clients_error(
@@ -126,4 +126,4 @@ async def test_no_taker_within_resume_timeout_is_the_clients_error(
     assert time.monotonic() - began < 5
     assert raised.value.usage is not None and raised.value.usage.completion_tokens == 1
     await provider.close()
-    await redis.delete(protocol.request_stream(model), protocol.worker_registry(model))
+    await redis.delete(redis_names.request_stream(model), redis_names.worker_registry(model))

@@ -20,7 +20,7 @@ import yaml
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.app import create_asgi_app
 from sluicegate.gateway.db.scratch import scratch_database
 from sluicegate.gateway.providers.engine.prefix_affinity import prefix_hashes
@@ -218,7 +218,7 @@ def _requests_on(redis_url: str, stream: str) -> list[protocol.Request]:
         entries = client.xrange(stream)
     finally:
         client.close()
-    decoded = [protocol.decode(fields[protocol.MESSAGE_FIELD]) for _, fields in entries]
+    decoded = [protocol.decode(fields[redis_names.MESSAGE_FIELD]) for _, fields in entries]
     return [message for message in decoded if isinstance(message, protocol.Request)]
 
 
@@ -239,7 +239,7 @@ def test_an_adapter_request_goes_only_to_a_lora_workers_own_stream(
 
     held = client.chat.completions.create(model=f"{BASE}:held", messages=question)  # type: ignore[arg-type]
     assert held.model == f"{BASE}:held" and held.choices[0].message.content
-    own = _requests_on(redis_url, protocol.worker_stream(BASE, workers.lora_holding.worker_id))
+    own = _requests_on(redis_url, redis_names.worker_stream(BASE, workers.lora_holding.worker_id))
     sent = [r for r in own if r.messages and r.messages[-1].content == question[0]["content"]]
     assert len(sent) == 1
     assert sent[0].lora == protocol.LoraAdapter(held_adapter["served_as"], "/adapters/held")
@@ -249,7 +249,7 @@ def test_an_adapter_request_goes_only_to_a_lora_workers_own_stream(
     for _ in range(4):
         client.completions.create(model=f"{BASE}:fresh", prompt="fresh", max_tokens=4)
     lora_streams = [
-        protocol.worker_stream(BASE, worker.worker_id)
+        redis_names.worker_stream(BASE, worker.worker_id)
         for worker in (workers.lora_empty, workers.lora_holding)
     ]
     fresh = [
@@ -259,8 +259,8 @@ def test_an_adapter_request_goes_only_to_a_lora_workers_own_stream(
         if request.lora is not None and request.lora.path == "/adapters/fresh"
     ]
     assert len(fresh) == 4
-    shared = _requests_on(redis_url, protocol.request_stream(BASE))
-    plain_own = _requests_on(redis_url, protocol.worker_stream(BASE, workers.plain.worker_id))
+    shared = _requests_on(redis_url, redis_names.request_stream(BASE))
+    plain_own = _requests_on(redis_url, redis_names.worker_stream(BASE, workers.plain.worker_id))
     assert not [request for request in shared + plain_own if request.lora is not None]
     assert not [request for request in workers.plain.requests if request.lora is not None]
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from sluicegate.engine import protocol
+from sluicegate.engine import redis_names
 from sluicegate.engine.redis_client import async_client, sync_client
 from sluicegate.gateway.redis.batch import CommandBatcher
 
@@ -104,7 +104,7 @@ async def test_gateway_and_worker_serve_on_the_cluster(
         # The model registry is a sorted set on the cluster, not found by SCAN.
         client = async_client(cluster.url)
         try:
-            assert await client.zscore(protocol.MODEL_REGISTRY, stack.model)
+            assert await client.zscore(redis_names.MODEL_REGISTRY, stack.model)
         finally:
             await client.aclose()
 
@@ -114,8 +114,8 @@ def test_keys_used_together_share_a_slot() -> None:
     heartbeats) lies in one slot; admission scripts are proven on the cluster above."""
     model = "m"
     together = [
-        [protocol.request_stream(model), protocol.worker_stream(model, "w1")],
-        [protocol.heartbeat_key(model, "w1"), protocol.heartbeat_key(model, "w2")],
+        [redis_names.request_stream(model), redis_names.worker_stream(model, "w1")],
+        [redis_names.heartbeat_key(model, "w1"), redis_names.heartbeat_key(model, "w2")],
     ]
     for keys in together:
         assert len({key_slot(k.encode()) for k in keys}) == 1, keys

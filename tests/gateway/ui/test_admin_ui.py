@@ -13,7 +13,7 @@ import httpx
 import redis
 from playwright.sync_api import BrowserContext, Locator, Page, expect
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.db.session import create_engine, create_sessionmaker
 from sluicegate.gateway.db.usage import insert_usage
 from sluicegate.gateway.settings import Settings
@@ -234,9 +234,9 @@ def test_the_overview_charts_daily_tokens_and_spend(
         kv_cache_dtype="bfloat16",
     )
     client = redis.Redis.from_url(ui_settings.redis_url)
-    client.set(protocol.heartbeat_key(model, worker), protocol.encode(beat), px=30_000)
-    client.sadd(protocol.worker_registry(model), worker)
-    client.zadd(protocol.MODEL_REGISTRY, {model: time.time()})
+    client.set(redis_names.heartbeat_key(model, worker), protocol.encode(beat), px=30_000)
+    client.sadd(redis_names.worker_registry(model), worker)
+    client.zadd(redis_names.MODEL_REGISTRY, {model: time.time()})
     try:
         nav(page, "Models").click()
         expect(page.get_by_text("llama-3.1-8b").first).to_be_visible()
@@ -261,8 +261,8 @@ def test_the_overview_charts_daily_tokens_and_spend(
         )
         shot(page, screenshot_dir, "12-models")
     finally:
-        client.delete(protocol.heartbeat_key(model, worker), protocol.worker_registry(model))
-        client.zrem(protocol.MODEL_REGISTRY, model)
+        client.delete(redis_names.heartbeat_key(model, worker), redis_names.worker_registry(model))
+        client.zrem(redis_names.MODEL_REGISTRY, model)
         client.close()
 
 

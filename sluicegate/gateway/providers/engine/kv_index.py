@@ -22,7 +22,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.block_set import BlockSet
 from sluicegate.gateway.providers.engine.call import text
@@ -127,7 +127,7 @@ class KvIndex:
         """Read the synced workers' streams once (waiting up to ``block_ms`` for a first
         entry; None: not at all); the batches read."""
         synced = {
-            protocol.kv_events_stream(self.model, w): index
+            redis_names.kv_events_stream(self.model, w): index
             for w, index in self.indexes.items()
             if index.synced
         }
@@ -149,8 +149,8 @@ class KvIndex:
         return read
 
     async def _sync(self, index: WorkerIndex) -> None:
-        raw = await self._redis.get(protocol.kv_snapshot_key(self.model, index.worker_id))
-        snapshot = _decode({protocol.MESSAGE_FIELD: raw}) if raw is not None else None
+        raw = await self._redis.get(redis_names.kv_snapshot_key(self.model, index.worker_id))
+        snapshot = _decode({redis_names.MESSAGE_FIELD: raw}) if raw is not None else None
         if isinstance(snapshot, kv_messages.KvSnapshot):
             index.load(snapshot)
 
@@ -161,7 +161,7 @@ def _entry_order(entry_id: str) -> tuple[int, int]:
 
 
 def _decode(fields: dict[Any, Any]) -> kv_messages.KvMessage | None:
-    raw = fields.get(protocol.MESSAGE_FIELD)
+    raw = fields.get(redis_names.MESSAGE_FIELD)
     if raw is None:
         return None
     try:

@@ -16,7 +16,7 @@ import time
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.core.block_manager import compute_block_hashes
 from sluicegate.engine.kv_events import messages as kv_messages
 from sluicegate.engine.kv_events.prompt_tokens import PromptTokenizer
@@ -125,7 +125,7 @@ class KvRouter:
         if time.monotonic() - self._missing.get(digest, -_RETRY_TOKENIZER_S) < _RETRY_TOKENIZER_S:
             return None
         try:
-            raw = await self._redis.get(protocol.tokenizer_key(self.model, digest))
+            raw = await self._redis.get(redis_names.tokenizer_key(self.model, digest))
             files = kv_messages.decode_kv(raw) if raw is not None else None
         except (RedisError, OSError, TimeoutError, protocol.MalformedMessage) as exc:
             logger.warning("tokenizer %s of %s unreadable: %s", digest, self.model, exc)

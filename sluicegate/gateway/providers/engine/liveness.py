@@ -19,7 +19,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.providers.engine.call import REDIS_TIMEOUT_S, EngineCall, WorkerLost
 from sluicegate.gateway.providers.engine.workers import EngineWorkers
 from sluicegate.gateway.settings import Settings
@@ -88,7 +88,7 @@ def resumption(call: EngineCall, message: protocol.Request, lost: WorkerLost) ->
     the client's error when it cannot be resumed."""
     if (
         message.n > 1  # the choices' tokens interleave; one resume list cannot hold them
-        or call.attempts >= protocol.MAX_RESUMES
+        or call.attempts >= redis_names.MAX_RESUMES
         or call.delivered >= message.sampling.max_tokens
     ):
         raise call.error(502, "worker_lost", str(lost))
@@ -103,6 +103,6 @@ def resumption(call: EngineCall, message: protocol.Request, lost: WorkerLost) ->
     )
     return msgspec.structs.replace(
         message,
-        request_id=protocol.attempt_id(call.request_id, call.attempts),
+        request_id=redis_names.attempt_id(call.request_id, call.attempts),
         resume_token_ids=list(call.token_ids),
     )

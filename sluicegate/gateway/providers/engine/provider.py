@@ -27,7 +27,7 @@ import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.engine.redis_client import async_client
 from sluicegate.gateway.canonical import ChatRequest, Chunk
 from sluicegate.gateway.providers.base import ProviderError, unsupported_field
@@ -89,7 +89,7 @@ class EngineProvider:
         self._redis = _binary_client(redis, settings)
         self._owns_client = self._redis is not redis
         reply_id = f"gw-{settings.instance_id}-{uuid.uuid4().hex[:8]}"
-        self._replies = ReplyReader(self._redis, protocol.reply_stream(reply_id))
+        self._replies = ReplyReader(self._redis, redis_names.reply_stream(reply_id))
         self.workers = EngineWorkers(self._redis, model, settings.worker_heartbeat_ttl_s)
         self.kv_routing = KvRouter(self._redis, model, self.workers)
         self._watch = LivenessWatch(self._redis, model, settings, self.workers)
@@ -163,15 +163,15 @@ class EngineProvider:
             if blocks is not None:
                 worker = await self.kv_routing.pick(blocks, workers, self.workers.load(workers))
                 if worker is None:
-                    return protocol.request_stream(self.model)
-                return protocol.worker_stream(self.model, worker)
+                    return redis_names.request_stream(self.model)
+                return redis_names.worker_stream(self.model, worker)
         return await self.workers.pick_stream(hashes, workers, adapter)
 
     async def _resume_stream(self, adapter: str | None, lost_worker: str | None) -> str:
         """Where a lost request goes again: the shared stream, or for an adapter another LoRA
         worker's own stream (the shared one may reach a worker without LoRA)."""
         if adapter is None:
-            return protocol.request_stream(self.model)
+            return redis_names.request_stream(self.model)
         workers = await self._workers_or_503(True)
         others = {w: beat for w, beat in workers.items() if w != lost_worker} or workers
         return await self.workers.pick_stream([], others, adapter)
@@ -193,7 +193,7 @@ class EngineProvider:
             lora=None,
         )
         call = EngineCall(request.request_id, deadline)
-        async for chunk in self._attempt(call, message, protocol.request_stream(self.model)):
+        async for chunk in self._attempt(call, message, redis_names.request_stream(self.model)):
             if chunk.usage is not None:
                 return chunk.usage.prompt_tokens
         return call.prompt_tokens
@@ -208,7 +208,7 @@ class EngineProvider:
             try:
                 async with asyncio.timeout(REDIS_TIMEOUT_S):
                     entry_id = await self._redis.xadd(
-                        stream, {protocol.MESSAGE_FIELD: protocol.encode(message)}
+                        stream, {redis_names.MESSAGE_FIELD: protocol.encode(message)}
                     )
             except (RedisError, OSError, TimeoutError) as exc:
                 if call.attempts:
@@ -316,7 +316,7 @@ class EngineProvider:
         stream, entry_id = entry
         pipe = self._redis.pipeline(transaction=False)
         pipe.publish(
-            protocol.cancel_channel(self.model), protocol.encode(protocol.Cancel(request_id))
+            redis_names.cancel_channel(self.model), protocol.encode(protocol.Cancel(request_id))
         )
         pipe.xdel(stream, entry_id)
         try:

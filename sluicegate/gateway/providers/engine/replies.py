@@ -25,7 +25,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 
 logger = logging.getLogger(__name__)
 
@@ -139,9 +139,9 @@ class ReplyReader:
                 return
 
     def _dispatch(self, fields: dict[Any, Any]) -> None:
-        raw = fields.get(protocol.MESSAGE_FIELD)
+        raw = fields.get(redis_names.MESSAGE_FIELD)
         if raw is None:
-            raw = fields.get(protocol.MESSAGE_FIELD.decode())
+            raw = fields.get(redis_names.MESSAGE_FIELD.decode())
         try:
             message = protocol.decode(raw if isinstance(raw, bytes) else b"")
         except protocol.MalformedMessage as exc:

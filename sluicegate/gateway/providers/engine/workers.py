@@ -27,7 +27,7 @@ import time
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluicegate.engine import protocol
+from sluicegate.engine import protocol, redis_names
 from sluicegate.gateway.providers.engine.call import REDIS_TIMEOUT_S, redis_down, text
 
 logger = logging.getLogger("sluicegate.gateway.providers.engine.provider")
@@ -66,10 +66,10 @@ class EngineWorkers:
     async def _read_workers(self) -> dict[str, protocol.Heartbeat]:
         async with asyncio.timeout(REDIS_TIMEOUT_S):
             ids = [
-                text(m) for m in await self._redis.smembers(protocol.worker_registry(self.model))
+                text(m) for m in await self._redis.smembers(redis_names.worker_registry(self.model))
             ]
             beats = (
-                await self._redis.mget([protocol.heartbeat_key(self.model, w) for w in ids])
+                await self._redis.mget([redis_names.heartbeat_key(self.model, w) for w in ids])
                 if ids
                 else []
             )
@@ -133,13 +133,13 @@ class EngineWorkers:
     ) -> str:
         """The stream for a request with these prefix hashes; with ``adapter``, ``workers`` are
         the LoRA workers alone and the answer is always one of theirs."""
-        shared = protocol.request_stream(self.model)
+        shared = redis_names.request_stream(self.model)
         if adapter is not None:
             return await self._lora_stream(hashes, workers, adapter)
         if not hashes:
             return shared
         worker = await self._prefix_holder(hashes, workers)
-        return protocol.worker_stream(self.model, worker) if worker is not None else shared
+        return redis_names.worker_stream(self.model, worker) if worker is not None else shared
 
     async def _lora_stream(
         self, hashes: list[int], workers: dict[str, protocol.Heartbeat], adapter: str
@@ -148,7 +148,7 @@ class EngineWorkers:
         if worker is None:
             holding = [w for w, beat in workers.items() if adapter in beat.loras]
             worker = min(holding or workers, key=lambda w: self._load(w, workers[w]))
-        return protocol.worker_stream(self.model, worker)
+        return redis_names.worker_stream(self.model, worker)
 
     def _load(self, worker: str, beat: protocol.Heartbeat) -> int:
         return beat.num_waiting + self.outstanding.get(worker, 0)
@@ -161,7 +161,7 @@ class EngineWorkers:
         try:
             async with asyncio.timeout(REDIS_TIMEOUT_S):
                 owners = await self._redis.mget(
-                    [protocol.affinity_key(self.model, h) for h in hashes]
+                    [redis_names.affinity_key(self.model, h) for h in hashes]
                 )
         except (RedisError, OSError, TimeoutError) as exc:
             raise redis_down(exc) from exc
@@ -189,7 +189,7 @@ class EngineWorkers:
     async def remember_prefix(self, hashes: list[int], worker: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
         for h in hashes:
-            pipe.set(protocol.affinity_key(self.model, h), worker, ex=_AFFINITY_TTL_S)
+            pipe.set(redis_names.affinity_key(self.model, h), worker, ex=_AFFINITY_TTL_S)
         try:
             async with asyncio.timeout(REDIS_TIMEOUT_S):
                 await pipe.execute()
