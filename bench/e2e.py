@@ -44,8 +44,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 import httpx  # noqa: E402
 
 from sluicegate.engine.demo_model import create_demo_model  # noqa: E402
+from sluicegate.gateway.children import Stack, free_port  # noqa: E402
 from sluicegate.gateway.db.scratch import scratch_database  # noqa: E402
-from sluicegate.gateway.up import Stack, free_port  # noqa: E402
 
 _CONTENT = re.compile(rb'"content":"[^"]')
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')

