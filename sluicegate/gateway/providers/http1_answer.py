@@ -134,11 +134,9 @@ class Answer(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self._state == _DONE and self.keep_alive and not self.lost
-
-    @property
-    def expired(self) -> bool:
-        return isinstance(self._error, TimeoutError)
+        """Its answer was read to the end, and nothing stops another: a caller that left part
+        of a long body unread may have left reading paused."""
+        return self._state == _DONE and self.keep_alive and not self.lost and not self._paused
 
     def close(self) -> None:
         self._cancel_timer()

@@ -325,3 +325,23 @@ async def test_a_caller_that_reads_slowly_pauses_the_socket_not_the_timeout(
             await asyncio.sleep(0.15)  # longer than the idle timeout: our slowness, not its
     assert received == total
     await pool.aclose()
+
+
+async def test_an_answer_left_unread_in_full_never_lends_its_connection(serve: Callable) -> None:
+    big = 300 * 1024  # past the point where reading pauses, in one write
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % big + b"x" * big)
+            await writer.drain()
+
+    pool = Http1Pool("127.0.0.1", await serve(handler))
+    async with pool.stream("/x", b"{}", {}, idle_timeout_s=1) as answer:
+        await asyncio.sleep(0.2)  # the whole answer arrives; nothing is read
+    async with pool.stream("/x", b"{}", {}, idle_timeout_s=1) as answer:
+        assert len(await answer.read()) == big
+    await pool.aclose()
