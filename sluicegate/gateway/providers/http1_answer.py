@@ -139,9 +139,12 @@ class Answer(asyncio.Protocol):
         return self._state == _DONE and self.keep_alive and not self.lost and not self._paused
 
     def close(self) -> None:
+        """Closes the connection after what was written (a request cancelled as it went out
+        still reaches the upstream whole, as it did through aiohttp); the reader, if any, is
+        woken by ``_fail`` already, not by the socket."""
         self._cancel_timer()
         if self._transport is not None and not self.lost:
-            self._transport.abort()
+            self._transport.close()
 
     # ---- framing -------------------------------------------------------------------------------
 
