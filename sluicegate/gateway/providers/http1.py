@@ -45,15 +45,9 @@ class Http1Pool:
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         """``(status, body)`` of a whole answer, within the pool's read timeout; raises
         ``UpstreamConnectionError`` or ``TimeoutError``."""
-        deadline = asyncio.get_running_loop().time() + self._read_timeout_s
-        answer = await self._open(self._request(path, body, headers), 0.0, deadline)
-        try:
-            content = await answer.read()
-        except BaseException:
-            answer.close()
-            raise
-        self._release(answer)
-        return answer.status, content
+        deadline = time.time() + self._read_timeout_s
+        async with self.stream(path, body, headers, idle_timeout_s=0.0, deadline=deadline) as a:
+            return a.status, await a.read()
 
     @contextlib.asynccontextmanager
     async def stream(
