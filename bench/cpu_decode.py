@@ -7,7 +7,10 @@ cache, queries and cache in ``--dtype`` (float32, bfloat16 or float16: the refer
 16-bit cache into a float32 copy, the kernel reads it in place). The sides run alternately,
 ``--rounds`` times each; the last line is one JSON object: reference_us, compiled_us (median
 per call) and speedup; on a CPU with AVX-512 also compiled_avx2_us, the kernel with its
-AVX-512 path turned off, and avx512_speedup.
+AVX-512 path turned off, and avx512_speedup. The queries are a view into the rows of a fused
+q/k/v product, as in the engine; for a 16-bit dtype also compiled_float_queries_us: the kernel
+given float32 queries and its output rounded back, both by torch (what the engine did before
+the kernels read 16-bit queries in place).
 """
 
 from __future__ import annotations
@@ -56,8 +59,10 @@ def main() -> int:
     k_cache = torch.randn(shape, generator=generator).to(dtype)
     v_cache = torch.randn(shape, generator=generator).to(dtype)
     tables = torch.randperm(num_blocks, generator=generator)[: args.batch * max_blocks]
+    fused = torch.randn(args.batch, (heads + 2 * kv_heads) * head_dim, generator=generator)
+    queries = fused.to(dtype)[:, : heads * head_dim].view(args.batch, heads, head_dim)
     step = (
-        torch.randn(args.batch, heads, head_dim, generator=generator).to(dtype),
+        queries,
         k_cache,
         v_cache,
         tables.view(args.batch, max_blocks).to(torch.int32),
@@ -69,6 +74,8 @@ def main() -> int:
     wide = cpu_attention.allow_avx512(True) and _has_avx512()
     if wide:
         sides["compiled_avx2"] = _without_avx512
+    if dtype != torch.float32:
+        sides["compiled_float_queries"] = _float_queries
     for name in sides.keys() - {"reference"}:
         torch.testing.assert_close(sides[name](*step), sides["reference"](*step))
     timings: dict[str, list[float]] = {name: [] for name in sides}
@@ -88,6 +95,8 @@ def main() -> int:
     if wide:
         result["compiled_avx2_us"] = round(medians["compiled_avx2"])
         result["avx512_speedup"] = round(medians["compiled_avx2"] / medians["compiled"], 2)
+    if "compiled_float_queries" in medians:
+        result["compiled_float_queries_us"] = round(medians["compiled_float_queries"])
     print(json.dumps(result))
     return 0
 
@@ -102,6 +111,10 @@ def _without_avx512(*args: object) -> torch.Tensor:
         return cpu_attention.paged_attention(*args)
     finally:
         cpu_attention.allow_avx512(True)
+
+
+def _float_queries(q: torch.Tensor, *rest: object) -> torch.Tensor:
+    return cpu_attention.paged_attention(q.float(), *rest).to(q.dtype)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
 // Decode attention on the CPU: one query token per request, keys and values read in place
 // through the block table (no gathered copy, no padding to the longest request).
 //
-// q:            [batch, num_heads, head_dim] float32
+// q:            [batch, num_heads, head_dim] float32, bfloat16 or float16; each token's heads
+//               contiguous, tokens at any stride (a view into the fused q/k/v product)
 // k/v_cache:    [num_blocks, block_size, num_kv_heads, head_dim] float32, bfloat16 or
 //               float16 (both alike), read in place and widened to float32 in registers
 // block_tables: [batch, max_blocks] int32
 // seq_lens:     [batch] int32 (tokens in the cache per request, this step's included)
-// returns       [batch, num_heads, head_dim] float32
+// returns       [batch, num_heads, head_dim] in q's dtype, contiguous
+//
+// 16-bit queries are widened per task and the output rounded as it is stored: the same bits
+// as widening q and rounding the float32 result with torch, without the two whole-tensor
+// conversions (each a parallel region of its own, which cost more than the copies).
 //
 // One task per (request, KV head): the query heads sharing that KV head (GQA) read each key
 // and value row once. Scores and softmax in fp32, as sluicegate/kernels/reference.py defines them.
@@ -28,6 +33,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -168,11 +174,12 @@ void vector_task(const Task<T>& t, float* scores) {
 
 #endif
 
-template <typename T>
-void decode_all(const float* qp, const T* kp, const T* vp, const int32_t* tables,
-                const int32_t* lens, float* op, int64_t batch, int64_t num_heads,
+template <typename T, typename Q>
+void decode_all(const Q* qp, int64_t q_stride, const T* kp, const T* vp, const int32_t* tables,
+                const int32_t* lens, Q* op, int64_t batch, int64_t num_heads,
                 int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t max_blocks,
                 float scale) {
+  constexpr bool kFloat = std::is_same_v<Q, float>;
   const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
 #ifdef SG_VECTOR
   const bool vector = head_dim % 8 == 0;
@@ -181,28 +188,38 @@ void decode_all(const float* qp, const T* kp, const T* vp, const int32_t* tables
   parallel_items(batch * num_kv_heads, [&](int64_t task) {
     thread_local std::vector<float> scores;
     thread_local std::vector<int64_t> offsets;
+    thread_local std::vector<float> wide_q, wide_out;  // a 16-bit group's query and output
     const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
     const int64_t len = lens[b];
     TORCH_CHECK(len > 0 && len <= max_blocks * block_size, "sequence length out of range");
     slot_offsets(tables + b * max_blocks, len, block_size, row, offsets);
-    const Task<T> t{qp + (b * num_heads + kvh * group) * head_dim,
-                    kp + kvh * head_dim,
-                    vp + kvh * head_dim,
-                    offsets.data(),
-                    len, group, head_dim, scale,
-                    op + (b * num_heads + kvh * group) * head_dim};
+    const int64_t values = group * head_dim;
+    const Q* query = qp + b * q_stride + kvh * values;
+    Q* out = op + (b * num_heads + kvh * group) * head_dim;
+    const float* q32;
+    float* out32;
+    if constexpr (kFloat) {
+      q32 = query;
+      out32 = out;
+    } else {
+      wide_q.resize(values);
+      wide_out.resize(values);
+      sg::load_row(query, wide_q.data(), values);
+      q32 = wide_q.data();
+      out32 = wide_out.data();
+    }
+    const Task<T> t{q32, kp + kvh * head_dim, vp + kvh * head_dim, offsets.data(),
+                    len, group, head_dim, scale, out32};
     scores.resize(group * len);
 #ifdef SG_VECTOR
     if (wide) {
       wide_task(t, scores.data());
-      return;
-    }
-    if (vector) {
+    } else if (vector) {
       vector_task(t, scores.data());
-      return;
-    }
+    } else
 #endif
-    scalar_task(t, scores.data());
+      scalar_task(t, scores.data());
+    if constexpr (!kFloat) sg::store_row(out32, out, values);
   });
 }
 
@@ -225,13 +242,15 @@ at::Tensor paged_decode(
     double scale) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
               "paged_decode runs on CPU tensors");
-  TORCH_CHECK(q.dtype() == at::kFloat && v_cache.dtype() == k_cache.dtype(),
-              "paged_decode takes float32 queries and caches of one dtype");
+  TORCH_CHECK(sg::is_element(q.scalar_type()) && v_cache.dtype() == k_cache.dtype(),
+              "paged_decode takes float32, bfloat16 or float16 queries and caches of one dtype");
   TORCH_CHECK(block_tables.dtype() == at::kInt && seq_lens.dtype() == at::kInt,
               "paged_decode takes int32 block tables and lengths");
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "paged_decode takes queries whose heads are contiguous within each token");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   block_tables.is_contiguous() && seq_lens.is_contiguous(),
-              "paged_decode takes contiguous tensors");
+              "paged_decode takes contiguous caches, tables and lengths");
   const int64_t batch = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k_cache.size(1), num_kv_heads = k_cache.size(2);
   TORCH_CHECK((num_heads / num_kv_heads) * num_kv_heads == num_heads,
@@ -239,14 +258,18 @@ at::Tensor paged_decode(
   TORCH_CHECK(k_cache.size(3) == head_dim && v_cache.sizes() == k_cache.sizes(),
               "cache shapes disagree with the queries");
 
-  auto out = at::empty_like(q);
+  auto out = at::empty(q.sizes(), q.options());
   sg::with_element(k_cache.scalar_type(), "the cache", [&](auto element) {
     using T = decltype(element);
-    decode_all(q.data_ptr<float>(), static_cast<const T*>(k_cache.data_ptr()),
-               static_cast<const T*>(v_cache.data_ptr()), block_tables.data_ptr<int32_t>(),
-               seq_lens.data_ptr<int32_t>(), out.data_ptr<float>(), batch, num_heads,
-               num_kv_heads, head_dim, block_size, block_tables.size(1),
-               static_cast<float>(scale));
+    sg::with_element(q.scalar_type(), "the queries", [&](auto query_element) {
+      using Q = decltype(query_element);
+      decode_all(static_cast<const Q*>(q.data_ptr()), q.stride(0),
+                 static_cast<const T*>(k_cache.data_ptr()),
+                 static_cast<const T*>(v_cache.data_ptr()), block_tables.data_ptr<int32_t>(),
+                 seq_lens.data_ptr<int32_t>(), static_cast<Q*>(out.data_ptr()), batch,
+                 num_heads, num_kv_heads, head_dim, block_size, block_tables.size(1),
+                 static_cast<float>(scale));
+    });
   });
   return out;
 }

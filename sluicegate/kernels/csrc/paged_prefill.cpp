@@ -3,14 +3,15 @@
 // block table, causal (query j of a request with q_len queries sits at absolute position
 // seq_len - q_len + j and sees keys 0 .. that position).
 //
-// q:            [num_tokens, num_heads, head_dim] float32 (request i owns rows
-//               cu_seqlens_q[i] .. cu_seqlens_q[i + 1])
+// q:            [num_tokens, num_heads, head_dim] float32, bfloat16 or float16 (request i
+//               owns rows cu_seqlens_q[i] .. cu_seqlens_q[i + 1]); each token's heads
+//               contiguous, tokens at any stride (a view into the fused q/k/v product)
 // k/v_cache:    [num_blocks, block_size, num_kv_heads, head_dim] float32, bfloat16 or
 //               float16 (both alike), widened to float32 as they are read
 // block_tables: [num_seqs, max_blocks] int32;  seq_lens: [num_seqs] int32
 // cu_seqlens_q: [num_seqs + 1] int32;          requests: the ones to compute (int64)
-// out:          [num_tokens, num_heads, head_dim] float32, written for those requests' rows
-//               only
+// out:          [num_tokens, num_heads, head_dim] contiguous, q's dtype, written for those
+//               requests' rows only (16-bit queries widened, results rounded as stored)
 //
 // Flash-attention order: a task is (request, KV head, tile of 16 query positions); its rows
 // are the tile's positions times the query heads sharing the KV head. Keys go by 16 at a
@@ -25,7 +26,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <initializer_list>
 #include <vector>
 
@@ -109,14 +109,17 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
                    at::Tensor& out) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
               "paged_prefill runs on CPU tensors");
-  TORCH_CHECK(q.dtype() == at::kFloat && out.dtype() == at::kFloat &&
+  TORCH_CHECK(sg::is_element(q.scalar_type()) && out.dtype() == q.dtype() &&
                   v_cache.dtype() == k_cache.dtype(),
-              "paged_prefill takes float32 queries and output, caches of one dtype");
+              "paged_prefill takes float32, bfloat16 or float16 queries, output of their "
+              "dtype, caches of one dtype");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
+              "paged_prefill takes queries whose heads are contiguous within each token");
   TORCH_CHECK(block_tables.dtype() == at::kInt && seq_lens.dtype() == at::kInt &&
                   cu_seqlens_q.dtype() == at::kInt && requests.dtype() == at::kLong,
               "paged_prefill takes int32 tables, lengths and offsets, int64 requests");
   for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{
-           &q, &k_cache, &v_cache, &block_tables, &seq_lens, &cu_seqlens_q, &requests, &out}) {
+           &k_cache, &v_cache, &block_tables, &seq_lens, &cu_seqlens_q, &requests, &out}) {
     TORCH_CHECK(t->is_contiguous(), "paged_prefill takes contiguous tensors");
   }
   const int64_t num_heads = q.size(1), D = q.size(2);
@@ -129,12 +132,11 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   TORCH_CHECK(paged_prefill_supported(D, block_size),
               "paged_prefill needs head_dim and block_size multiples of 16");
 
-  const float* qp = q.data_ptr<float>();
+  const int64_t q_stride = q.stride(0);
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* cu = cu_seqlens_q.data_ptr<int32_t>();
   const int64_t* which = requests.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
   const int64_t row = num_kv_heads * D;  // one cache slot's elements
   const float fscale = static_cast<float>(scale);
   // Masked scores: a finite stand-in for minus infinity (-ffast-math assumes no infinities).
@@ -153,93 +155,99 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   }
 
   sg::with_element(k_cache.scalar_type(), "the cache", [&](auto element) {
-    using T = decltype(element);
-    const T* kp = static_cast<const T*>(k_cache.data_ptr());
-    const T* vp = static_cast<const T*>(v_cache.data_ptr());
-    parallel_items(static_cast<int64_t>(work.size()), [&](int64_t item) {
-      thread_local Scratch s;
-      const Work w = work[item];
-      const int64_t seq_len = lens[w.seq], q_len = cu[w.seq + 1] - cu[w.seq];
-      const int64_t positions = std::min(kPositions, q_len - w.first);
-      const int64_t rows = positions * group;
-      const int64_t offset = seq_len - q_len;  // absolute position of query 0
-      const int32_t* table = tables + w.seq * max_blocks;
-      s.q.resize(rows * D);
-      s.keys_t.resize(D * kKeys);
-      s.scores.resize(rows * kKeys);
-      s.out.assign(rows * D, 0.0f);
-      s.peak.assign(rows, kMasked);
-      s.total.assign(rows, 0.0f);
-      // The tile's queries as rows [position][group head], contiguous.
-      for (int64_t j = 0; j < positions; ++j) {
-        const float* src = qp + ((cu[w.seq] + w.first + j) * num_heads + w.kvh * group) * D;
-        std::memcpy(s.q.data() + j * group * D, src, group * D * sizeof(float));
-      }
-      const int64_t last_visible = offset + w.first + positions - 1;
-      for (int64_t k0 = 0; k0 <= last_visible; k0 += kKeys) {
-        const int64_t keys = std::min(kKeys, seq_len - k0);
-        const int64_t block = table[k0 / block_size];
-        const int64_t slot0 = block * block_size + k0 % block_size;
-        const T* kbase = kp + slot0 * row + w.kvh * D;
-        const T* vbase = vp + slot0 * row + w.kvh * D;
-        // Keys transposed to [D][16] (missing keys of a short last chunk are zero).
-        for (int64_t t = 0; t < kKeys; ++t) {
-          if (t < keys) {
-            const T* key = kbase + t * row;
-            for (int64_t d = 0; d < D; ++d) s.keys_t[d * kKeys + t] = sg::to_float(key[d]);
-          } else {
-            for (int64_t d = 0; d < D; ++d) s.keys_t[d * kKeys + t] = 0.0f;
-          }
+    sg::with_element(q.scalar_type(), "the queries", [&](auto query_element) {
+      using T = decltype(element);
+      using Q = decltype(query_element);
+      const Q* qp = static_cast<const Q*>(q.data_ptr());
+      Q* op = static_cast<Q*>(out.data_ptr());
+      const T* kp = static_cast<const T*>(k_cache.data_ptr());
+      const T* vp = static_cast<const T*>(v_cache.data_ptr());
+      parallel_items(static_cast<int64_t>(work.size()), [&](int64_t item) {
+        thread_local Scratch s;
+        const Work w = work[item];
+        const int64_t seq_len = lens[w.seq], q_len = cu[w.seq + 1] - cu[w.seq];
+        const int64_t positions = std::min(kPositions, q_len - w.first);
+        const int64_t rows = positions * group;
+        const int64_t offset = seq_len - q_len;  // absolute position of query 0
+        const int32_t* table = tables + w.seq * max_blocks;
+        s.q.resize(rows * D);
+        s.keys_t.resize(D * kKeys);
+        s.scores.resize(rows * kKeys);
+        s.out.assign(rows * D, 0.0f);
+        s.peak.assign(rows, kMasked);
+        s.total.assign(rows, 0.0f);
+        // The tile's queries as rows [position][group head], contiguous.
+        for (int64_t j = 0; j < positions; ++j) {
+          const Q* src = qp + (cu[w.seq] + w.first + j) * q_stride + w.kvh * group * D;
+          sg::load_row(src, s.q.data() + j * group * D, group * D);
         }
-        product<false>(s.q.data(), D, rows, s.keys_t.data(), kKeys, D, s.scores.data(), kKeys);
-        const bool diagonal = k0 + kKeys - 1 > offset + w.first;  // some row cannot see a key
-        for (int64_t r = 0; r < rows; ++r) {
-          float* sc = s.scores.data() + r * kKeys;
-          const int64_t visible = diagonal ? std::min<int64_t>(
-                                                 keys, offset + w.first + r / group - k0 + 1)
-                                           : keys;
-          float chunk_peak = kMasked;
+        const int64_t last_visible = offset + w.first + positions - 1;
+        for (int64_t k0 = 0; k0 <= last_visible; k0 += kKeys) {
+          const int64_t keys = std::min(kKeys, seq_len - k0);
+          const int64_t block = table[k0 / block_size];
+          const int64_t slot0 = block * block_size + k0 % block_size;
+          const T* kbase = kp + slot0 * row + w.kvh * D;
+          const T* vbase = vp + slot0 * row + w.kvh * D;
+          // Keys transposed to [D][16] (missing keys of a short last chunk are zero).
           for (int64_t t = 0; t < kKeys; ++t) {
-            sc[t] = t < visible ? sc[t] * fscale : kMasked;
-            chunk_peak = std::max(chunk_peak, sc[t]);
+            if (t < keys) {
+              const T* key = kbase + t * row;
+              for (int64_t d = 0; d < D; ++d) s.keys_t[d * kKeys + t] = sg::to_float(key[d]);
+            } else {
+              for (int64_t d = 0; d < D; ++d) s.keys_t[d * kKeys + t] = 0.0f;
+            }
           }
-          const float peak = std::max(s.peak[r], chunk_peak);
-          if (peak <= kMasked) {  // nothing visible yet in this row
-            std::fill(sc, sc + kKeys, 0.0f);
-            continue;
+          product<false>(s.q.data(), D, rows, s.keys_t.data(), kKeys, D, s.scores.data(), kKeys);
+          const bool diagonal = k0 + kKeys - 1 > offset + w.first;  // some row cannot see a key
+          for (int64_t r = 0; r < rows; ++r) {
+            float* sc = s.scores.data() + r * kKeys;
+            const int64_t visible = diagonal ? std::min<int64_t>(
+                                                   keys, offset + w.first + r / group - k0 + 1)
+                                             : keys;
+            float chunk_peak = kMasked;
+            for (int64_t t = 0; t < kKeys; ++t) {
+              sc[t] = t < visible ? sc[t] * fscale : kMasked;
+              chunk_peak = std::max(chunk_peak, sc[t]);
+            }
+            const float peak = std::max(s.peak[r], chunk_peak);
+            if (peak <= kMasked) {  // nothing visible yet in this row
+              std::fill(sc, sc + kKeys, 0.0f);
+              continue;
+            }
+            const float rescale = std::exp(s.peak[r] - peak);
+            float sum = 0.0f;
+    #pragma omp simd reduction(+ : sum)
+            for (int64_t t = 0; t < kKeys; ++t) {
+              sc[t] = std::exp(sc[t] - peak);
+              sum += sc[t];
+            }
+            s.total[r] = s.total[r] * rescale + sum;
+            s.peak[r] = peak;
+            if (rescale != 1.0f) {
+              float* o = s.out.data() + r * D;
+    #pragma omp simd
+              for (int64_t d = 0; d < D; ++d) o[d] *= rescale;
+            }
           }
-          const float rescale = std::exp(s.peak[r] - peak);
-          float sum = 0.0f;
-  #pragma omp simd reduction(+ : sum)
-          for (int64_t t = 0; t < kKeys; ++t) {
-            sc[t] = std::exp(sc[t] - peak);
-            sum += sc[t];
-          }
-          s.total[r] = s.total[r] * rescale + sum;
-          s.peak[r] = peak;
-          if (rescale != 1.0f) {
-            float* o = s.out.data() + r * D;
-  #pragma omp simd
-            for (int64_t d = 0; d < D; ++d) o[d] *= rescale;
+          // Weighted values: out[rows][D] += P[rows][16 keys] x V[16 keys][D], 16 columns of D
+          // at a time (a short chunk's missing keys have weight 0; their rows are not read).
+          for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            product<true>(s.scores.data(), kKeys, rows, vbase + d0, row, keys,
+                          s.out.data() + d0, D);
           }
         }
-        // Weighted values: out[rows][D] += P[rows][16 keys] x V[16 keys][D], 16 columns of D
-        // at a time (a short chunk's missing keys have weight 0; their rows are not read).
-        for (int64_t d0 = 0; d0 < D; d0 += 16) {
-          product<true>(s.scores.data(), kKeys, rows, vbase + d0, row, keys,
-                        s.out.data() + d0, D);
+        for (int64_t j = 0; j < positions; ++j) {
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t r = j * group + g;
+            const float inv = 1.0f / s.total[r];
+            float* src = s.out.data() + r * D;
+    #pragma omp simd
+            for (int64_t d = 0; d < D; ++d) src[d] *= inv;
+            Q* dst = op + ((cu[w.seq] + w.first + j) * num_heads + w.kvh * group + g) * D;
+            sg::store_row(src, dst, D);
+          }
         }
-      }
-      for (int64_t j = 0; j < positions; ++j) {
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t r = j * group + g;
-          const float inv = 1.0f / s.total[r];
-          float* dst = op + ((cu[w.seq] + w.first + j) * num_heads + w.kvh * group + g) * D;
-          const float* src = s.out.data() + r * D;
-  #pragma omp simd
-          for (int64_t d = 0; d < D; ++d) dst[d] = src[d] * inv;
-        }
-      }
+      });
     });
   });
 }
