@@ -131,10 +131,13 @@ void add_rms_norm_rows(T* xs, int64_t x_stride, T* rs, int64_t r_stride, const f
   });
 }
 
-// The weight as float32 values: the tensor itself when float32, else a widened copy (one
-// per call, H values).
-at::Tensor float_weight(const at::Tensor& weight) {
-  return weight.scalar_type() == at::kFloat ? weight : weight.to(at::kFloat);
+// The weight as float32 values: the tensor's own when float32, else widened into the calling
+// thread's buffer (H values; not a tensor, whose allocation and conversion cost a decode
+// step's norm more than the norm itself).
+template <typename E>
+const float* float_weight(const at::Tensor& weight, int64_t H) {
+  thread_local std::vector<float> wide_weight;
+  return widen(static_cast<const E*>(weight.data_ptr()), wide_weight, H);
 }
 
 }  // namespace
@@ -144,11 +147,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const int64_t T = x.size(0), H = x.size(1);
   check_vector(weight, x, H, "weight");
   auto out = at::empty({T, H}, x.options());
-  const auto w = float_weight(weight);
   sg::with_element(x.scalar_type(), "x", [&](auto element) {
     using E = decltype(element);
     rms_norm_rows(static_cast<const E*>(x.data_ptr()), x.stride(0),
-                  static_cast<E*>(out.data_ptr()), w.data_ptr<float>(), T, H,
+                  static_cast<E*>(out.data_ptr()), float_weight<E>(weight, H), T, H,
                   static_cast<float>(eps));
   });
   return out;
@@ -162,12 +164,11 @@ void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight
                   residual.scalar_type() == x.scalar_type(),
               "x and residual differ in shape or dtype");
   check_vector(weight, x, H, "weight");
-  const auto w = float_weight(weight);
   sg::with_element(x.scalar_type(), "x", [&](auto element) {
     using E = decltype(element);
     add_rms_norm_rows(static_cast<E*>(x.data_ptr()), x.stride(0),
                       static_cast<E*>(residual.data_ptr()), residual.stride(0),
-                      w.data_ptr<float>(), T, H, static_cast<float>(eps));
+                      float_weight<E>(weight, H), T, H, static_cast<float>(eps));
   });
 }
 
