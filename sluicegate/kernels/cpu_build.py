@@ -29,6 +29,7 @@ _SOURCES = (
     "packed_linear.cpp",
     "layer_ops.cpp",
     "quant_dequant.cpp",
+    "split_mlp.cpp",
 )
 _CSRC = Path(__file__).parent / "csrc"
 

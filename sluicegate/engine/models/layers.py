@@ -133,11 +133,16 @@ class GatedMLP(nn.Module):
         """Up to this many rows the CPU's SiLU x mul runs on one thread
         (``sluicegate.engine.models.cpu.threads``)."""
         self.tp: TensorParallel | None = None
+        self.split_product: nn.Module | None = None
+        """Set where both products were replaced by one module computing the whole MLP
+        (``sluicegate.engine.models.cpu.split_mlp``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return reduce_partial_sums(self._partial(x), self.tp)
 
     def _partial(self, x: torch.Tensor) -> torch.Tensor:
+        if self.split_product is not None:
+            return self.split_product(x)
         gate_up = self.gate_up_proj(x)
         if self.gate_up_applies_activation:
             return self.down_proj(gate_up)

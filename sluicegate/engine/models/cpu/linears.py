@@ -25,6 +25,7 @@ from torch import nn
 from sluicegate.engine.models.cpu.linear_race import describe, packed_wins, race
 from sluicegate.engine.models.cpu.onednn import OneDNNLinear, packs
 from sluicegate.engine.models.cpu.packed_linear import PackedLinear
+from sluicegate.engine.models.cpu.split_mlp import split_gated_mlps
 from sluicegate.engine.models.cpu.threads import serial_rows
 from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.kernels import cpu_ops
@@ -119,6 +120,10 @@ def swap_cpu_linears(model: nn.Module, kind: str) -> int:
                 mlp.gate_up_proj = PackedLinear(mlp.gate_up_proj, gated=True)
                 mlp.gate_up_applies_activation = True
                 swapped += 1
+    if kind == "onednn":
+        # A 16-bit gated MLP: two column halves on two threads in one parallel region
+        # (sluicegate.engine.models.cpu.split_mlp).
+        swapped += 2 * split_gated_mlps(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
@@ -140,7 +145,11 @@ def choose_threads(model: nn.Module, dtype: torch.dtype) -> dict[str, int]:
             if name not in chosen:
                 chosen[name] = serial_rows(module, module.in_features, module.input_dtype)
             module.serial_rows = chosen[name]
-        elif isinstance(module, GatedMLP) and not module.gate_up_applies_activation:
+        elif (
+            isinstance(module, GatedMLP)
+            and not module.gate_up_applies_activation
+            and module.split_product is None
+        ):
             width = 2 * module.intermediate_size
             if not cpu_ops.supports(torch.empty(0, dtype=dtype)):
                 continue

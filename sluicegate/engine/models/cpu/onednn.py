@@ -33,6 +33,14 @@ def packs(dtype: torch.dtype) -> bool:
     return True
 
 
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A linear's weight [out, in] as oneDNN takes it: packed, where torch has the op."""
+    weight = weight.contiguous()
+    if _HAS_POINTWISE and _HAS_REORDER:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_SIZE)
+    return weight.to_mkldnn()
+
+
 class OneDNNLinear(nn.Module):
     """An ``nn.Linear`` whose weight (and bias) were converted once to oneDNN tensors, the
     weight packed."""
@@ -44,11 +52,7 @@ class OneDNNLinear(nn.Module):
         self.input_dtype = linear.weight.dtype
         self.serial_rows = 0
         """Up to this many rows run on one thread (``sluicegate.engine.models.cpu.threads``)."""
-        weight = linear.weight.detach().contiguous()
-        if _HAS_POINTWISE and _HAS_REORDER:
-            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_SIZE)
-        else:
-            self.weight = weight.to_mkldnn()
+        self.weight = pack_weight(linear.weight.detach())
         self.bias = None if linear.bias is None else linear.bias.detach().contiguous().to_mkldnn()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
