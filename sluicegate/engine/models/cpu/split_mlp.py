@@ -11,8 +11,9 @@ the whole MLP for half of the rows instead. The model keeps one copy of the weig
 
 ``python bench/cpu_mlp.py`` (SmolLM2's MLP in bfloat16, 30 layers of weights streamed from
 memory, 2-vCPU Xeon VM with AMX, ``OMP_WAIT_POLICY=PASSIVE``), split vs unsplit a layer: 511
-vs 700 µs at one row, 786 vs 1,052 at 64 (1.34-1.37x up to 64 rows), 1,625 vs 1,814 at 256,
-and 7.95 vs 7.32 ms at 2,048 rows: a prefill chunk's MLP is ~8 % slower, its cost.
+vs 700 µs at one row, 786 vs 1,052 at 64 (1.34-1.37x up to 64 rows), 1.12-1.2x at 256-1,024
+rows (either split), and 7.95 vs 7.32 ms at 2,048 rows: a full prefill chunk's MLP is 8-10 %
+slower, its cost.
 
 Every output value is still one oneDNN product over all of its inputs; only oneDNN's own
 blocking of a half-width product may sum in another order (results within a bfloat16
