@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,6 @@ from sluicegate.kernels.cpu_build import extension
 
 CPU = torch.device("cpu")
 DTYPES = [torch.bfloat16, torch.float16]
-
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def _needs(dtype: torch.dtype) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,14 +16,6 @@ from sluicegate.engine.models.cpu.threads import CALIBRATION_ROWS, on_one_thread
 from sluicegate.kernels import cpu_linear, cpu_ops
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_on_one_thread_restores_the_count_also_when_the_run_fails(two_threads: None) -> None:
