@@ -1,15 +1,17 @@
-"""A 16-bit gated MLP on the CPU, split into column halves on two threads in one parallel region
-(``sluicegate.engine.models.cpu.split_mlp``) against the same MLP unsplit, side by side.
+"""A decoder layer's tail on the CPU in 16 bits (output projection, residual add and RMSNorm,
+gated MLP) three ways, side by side: unsplit, with the MLP split into column halves on two
+threads in one parallel region (``sluicegate.engine.models.cpu.split_mlp``, ``SplitMLP``), and
+with the whole tail in that region (``SplitLayerTail``).
 
-``--layers`` MLPs of SmolLM2's shape by default (hidden 576, intermediate 1536) with random
-weights in ``--dtype``, run one after another as a decode step runs them, so their weights
-stream from memory as in the engine rather than sitting in cache. Unsplit is what the engine
-ran before: oneDNN's gate/up product, the C++ SiLU x mul and oneDNN's down product, each on
-one thread or all as the engine's start-up timing chose for it
-(``sluicegate.engine.models.cpu.threads``). The sides alternate, ``--rounds`` times, at each
-of ``--rows``; run it as the engine runs (``OMP_WAIT_POLICY=PASSIVE`` is set when unset).
-The last line is one JSON object: per row count, the median µs per MLP of each side and the
-speedup.
+``--layers`` tails of SmolLM2's shape by default (hidden 576, attention output 576,
+intermediate 1536) with random weights in ``--dtype``, run one after another as a decode step
+runs them, so their weights stream from memory as in the engine rather than sitting in cache.
+Unsplit is oneDNN's products and the C++ layer ops, each on one thread or all as the engine's
+start-up timing chose for it (``sluicegate.engine.models.cpu.threads``); the split MLP keeps
+that output projection. The sides alternate, each round starting at another, ``--rounds``
+times at each of ``--rows``; run it as the engine runs (``OMP_WAIT_POLICY=PASSIVE`` is set
+when unset). The last line is one JSON object: per row count, the median µs per layer of each
+side and the speedups over unsplit.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from torch import nn  # noqa: E402
 
 from sluicegate.engine.models.cpu.linears import choose_threads  # noqa: E402
 from sluicegate.engine.models.cpu.onednn import OneDNNLinear, packs  # noqa: E402
-from sluicegate.engine.models.cpu.split_mlp import SplitMLP, splittable  # noqa: E402
-from sluicegate.engine.models.layers import GatedMLP  # noqa: E402
+from sluicegate.engine.models.cpu.split_mlp import SplitLayerTail, splittable  # noqa: E402
+from sluicegate.engine.models.layers import GatedMLP, RMSNorm  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,43 +54,72 @@ def main() -> int:
         print(f"needs two threads and oneDNN packing {args.dtype} here", file=sys.stderr)
         return 1
     torch.manual_seed(0)
-    unsplit, split = nn.ModuleList(), []
+    unsplit, split_mlps, tails = [], [], []
     for _ in range(args.layers):
+        o_proj = nn.Linear(args.hidden, args.hidden, bias=False).to(dtype)
+        norm = RMSNorm(args.hidden, 1e-5).to(dtype)
         mlp = GatedMLP(args.hidden, args.intermediate, bias=False, act="silu").to(dtype)
         with torch.no_grad():
-            mlp.gate_up_proj.weight.normal_(0, 0.05)
-            mlp.down_proj.weight.normal_(0, 0.05)
+            for linear in (o_proj, mlp.gate_up_proj, mlp.down_proj):
+                linear.weight.normal_(0, 0.05)
         assert splittable(mlp)
-        split.append(SplitMLP(mlp.gate_up_proj, mlp.down_proj))
+        tails.append(SplitLayerTail(o_proj, norm, mlp))
+        split_mlps.append(_Tail(OneDNNLinear(o_proj), norm, tails[-1].mlp))
         mlp.gate_up_proj = OneDNNLinear(mlp.gate_up_proj)
         mlp.down_proj = OneDNNLinear(mlp.down_proj)
-        unsplit.append(mlp)
-    choose_threads(unsplit, dtype)
-    sides = {"unsplit": list(unsplit), "split": split}
+        unsplit.append(_Tail(split_mlps[-1].o_proj, norm, mlp))
+    choose_threads(nn.ModuleList(unsplit), dtype)
+    sides: dict[str, list[nn.Module]] = {
+        "unsplit": unsplit,
+        "split_mlp": split_mlps,
+        "split_tail": tails,
+    }
     result: dict[str, dict[str, float]] = {}
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
-            x = torch.randn(rows, args.hidden).to(dtype)
-            torch.testing.assert_close(split[0](x), unsplit[0](x), rtol=2e-2, atol=2e-2)
+            attn = torch.randn(rows, args.hidden).to(dtype)
+            residual = torch.randn(rows, args.hidden).to(dtype)
+            reference = unsplit[0](attn, residual.clone())
+            for name in ("split_mlp", "split_tail"):
+                torch.testing.assert_close(
+                    sides[name][0](attn, residual.clone()), reference, rtol=2e-2, atol=2e-2
+                )
             times: dict[str, list[float]] = {name: [] for name in sides}
-            for _ in range(args.rounds):
-                for name, mlps in sides.items():
+            names = list(sides)
+            for round_index in range(args.rounds):
+                shift = round_index % len(names)
+                for name in names[shift:] + names[:shift]:
                     began = time.perf_counter()
-                    for mlp in mlps:
-                        mlp(x)
-                    times[name].append((time.perf_counter() - began) / len(mlps) * 1e6)
+                    for tail in sides[name]:
+                        tail(attn, residual)
+                    times[name].append((time.perf_counter() - began) / args.layers * 1e6)
             medians = {name: statistics.median(values) for name, values in times.items()}
             print(
-                f"{rows} rows: unsplit {medians['unsplit']:,.0f} µs, split "
-                f"{medians['split']:,.0f} µs an MLP"
+                f"{rows} rows: "
+                + ", ".join(f"{n} {m:,.0f} µs" for n, m in medians.items())
+                + " a layer's tail"
             )
-            result[str(rows)] = {
-                "unsplit_us": round(medians["unsplit"]),
-                "split_us": round(medians["split"]),
-                "speedup": round(medians["unsplit"] / medians["split"], 2),
-            }
+            result[str(rows)] = {f"{n}_us": round(m) for n, m in medians.items()}
+            for name in ("split_mlp", "split_tail"):
+                result[str(rows)][f"{name}_speedup"] = round(medians["unsplit"] / medians[name], 2)
     print(json.dumps(result))
     return 0
+
+
+class _Tail(nn.Module):
+    """Output projection, residual add with RMSNorm and MLP as ``DecoderLayer`` runs them
+    when its tail is not split; returns the MLP's output and the residual, updated in place
+    (repeated rounds keep adding to it, on every side alike)."""
+
+    def __init__(self, o_proj: nn.Module, norm: RMSNorm, mlp: nn.Module) -> None:
+        super().__init__()
+        self.o_proj, self.norm, self.mlp = o_proj, norm, mlp
+
+    def forward(
+        self, attn: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, residual = self.norm(self.o_proj(attn), residual)
+        return self.mlp(x), residual
 
 
 if __name__ == "__main__":

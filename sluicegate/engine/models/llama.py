@@ -49,6 +49,11 @@ class LlamaAttention(nn.Module):
         return q, k
 
     def forward(self, x: torch.Tensor, cos_sin: CosSin, meta: AttentionMetadata) -> torch.Tensor:
+        out = self.attend(x, cos_sin, meta)
+        return reduce_partial_sums(self.o_proj(out), self.tp)
+
+    def attend(self, x: torch.Tensor, cos_sin: CosSin, meta: AttentionMetadata) -> torch.Tensor:
+        """The attention's output [tokens, heads x head_dim], before the output projection."""
         tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
@@ -58,8 +63,7 @@ class LlamaAttention(nn.Module):
         cos, sin = cos_sin
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        out = self.attn(q, k, v, meta)
-        return reduce_partial_sums(self.o_proj(out.reshape(tokens, self.q_size)), self.tp)
+        return self.attn(q, k, v, meta).reshape(tokens, self.q_size)
 
 
 class DecoderLayer(nn.Module):
@@ -71,6 +75,10 @@ class DecoderLayer(nn.Module):
         )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.split_tail: nn.Module | None = None
+        """Set where the output projection, the residual add with RMSNorm and the MLP were
+        replaced by one module computing all three (``sluicegate.engine.models.cpu.split_mlp``):
+        it takes the attention's output and the residual stream and returns as this does."""
 
     def forward(
         self,
@@ -86,6 +94,8 @@ class DecoderLayer(nn.Module):
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
+        if self.split_tail is not None:
+            return self.split_tail(self.self_attn.attend(x, cos_sin, meta), residual)
         x = self.self_attn(x, cos_sin, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual

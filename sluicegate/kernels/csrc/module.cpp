@@ -22,6 +22,11 @@ void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight
 at::Tensor silu_and_mul(const at::Tensor& x);
 at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up,
                      const std::vector<at::Tensor>& down, int64_t intermediate, bool by_columns);
+at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
+                            const std::vector<at::Tensor>& o, const at::Tensor& norm_weight,
+                            double eps, const std::vector<at::Tensor>& gate_up,
+                            const std::vector<at::Tensor>& down, int64_t intermediate,
+                            bool by_columns);
 void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& k_cache,
               at::Tensor& v_cache, const at::Tensor& slots);
@@ -61,6 +66,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, nogil, "silu(first half) * second half, per row");
   m.def("split_mlp", &split_mlp, nogil,
         "A gated MLP on two threads in one region, oneDNN's packed products split by columns");
+  m.def("split_layer_tail", &split_layer_tail, nogil,
+        "A decoder layer after its attention on two threads in one region: output projection, "
+        "residual add and RMSNorm, gated MLP");
   m.def("rotary_", &rotary_, nogil, "neox-style rotary embedding, in place");
   m.def("store_kv", &store_kv, nogil, "each token's K/V rows into its cache slot");
   m.def("dequantize_fp8", &dequantize_fp8, nogil, "e4m3 weight rows times their scales");

@@ -1,4 +1,5 @@
-// A gated MLP on two threads in one parallel region, with oneDNN's products.
+// A gated MLP on two threads in one parallel region, with oneDNN's products; or the whole of a
+// decoder layer after its attention (output projection, residual add and RMSNorm, MLP).
 //
 // split_mlp(x [T, H], gate_up [w0, w1], down [w0, w1], intermediate I, by_columns) -> [T, H]
 //   gate_up[t]: oneDNN-packed rows [gate slice t; up slice t] of the gate/up weight, slice t
@@ -18,6 +19,15 @@
 // down), here one. The wait between the halves is a spin on an atomic counter: both threads
 // are working, and the wait lasts only as long as the two gate/up halves differ.
 //
+// split_layer_tail(attn [T, A], residual [T, H], o [w0, w1], norm_weight [H], eps, gate_up,
+//                  down, intermediate) -> the MLP's output [T, H], residual += the projection
+//   o[t]: oneDNN-packed output rows [t H/2, (t + 1) H/2) of the output projection's weight
+// by_columns (a decode step's rows, at most a few hundred): thread t runs its half of the output
+// projection's columns, then (once both halves are in) the residual add and RMSNorm of half
+// of the rows, then the MLP by columns as above. One wake-up where the unsplit layer pays one
+// for the MLP and runs its output projection on one thread (too short to pay for a second).
+// Otherwise the three run in turn, each with both threads (the MLP split by rows).
+//
 // Inside the region oneDNN and the SiLU kernel see an OpenMP region already open and run on the
 // calling thread. With one thread, or nested in another region, the halves run in turn.
 #include <ATen/ATen.h>
@@ -31,6 +41,7 @@
 #include <vector>
 
 at::Tensor silu_and_mul(const at::Tensor& x);
+void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 
 namespace {
 
@@ -123,5 +134,84 @@ at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up
   for (int t = 0; t < 2; ++t) {
     if (!outs[t].defined()) outs[t] = packed_product(h, down[t]);
   }
+  return at::cat({outs[0], outs[1]}, 1);
+}
+
+namespace {
+
+// Both threads' phases in turn: each phase waits for the other thread's part of the one
+// before (a spin on a counter of finished parts). A failure in either thread ends both
+// (the other stops at its next wait); the caller rethrows it.
+class Phases {
+ public:
+  bool next(int phase) {
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    while (done_.load(std::memory_order_acquire) < 2 * phase) {
+      if (failed_.load(std::memory_order_acquire)) return false;
+      spin_pause();
+    }
+    return !failed_.load(std::memory_order_acquire);
+  }
+  void fail() { failed_.store(true, std::memory_order_release); }
+
+ private:
+  std::atomic<int> done_{0};
+  std::atomic<bool> failed_{false};
+};
+
+}  // namespace
+
+at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
+                            const std::vector<at::Tensor>& o, const at::Tensor& norm_weight,
+                            double eps, const std::vector<at::Tensor>& gate_up,
+                            const std::vector<at::Tensor>& down, int64_t intermediate,
+                            bool by_columns) {
+  TORCH_CHECK(attn.dim() == 2 && attn.is_contiguous(), "attn must be contiguous rows");
+  TORCH_CHECK(residual.dim() == 2 && residual.is_contiguous() && residual.size(0) == attn.size(0),
+              "residual must be contiguous rows, one per attention row");
+  TORCH_CHECK(o.size() == 2 && gate_up.size() == 2 && down.size() == 2,
+              "two halves of each weight");
+  TORCH_CHECK(intermediate % 2 == 0, "the intermediate size must be even");
+  TORCH_CHECK(residual.size(1) % 2 == 0, "the hidden size must be even");
+  const int64_t T = attn.size(0), H = residual.size(1), half = intermediate / 2;
+  const bool concurrent = !omp_in_parallel() && omp_get_max_threads() >= 2;
+  const auto in_turn = [&](bool split_rows) {
+    at::Tensor x = at::cat({packed_product(attn, o[0]), packed_product(attn, o[1])}, 1);
+    add_rms_norm_(x, residual, norm_weight, eps);
+    return split_rows ? split_mlp(x, gate_up, down, intermediate, false)
+                      : whole_mlp(x, gate_up, down);
+  };
+  // A prefill's rows keep both threads busy in each part's own parallel regions.
+  if (!concurrent || !by_columns) return in_turn(concurrent);
+  auto x = at::empty({T, H}, attn.options());
+  auto h = at::empty({T, intermediate}, attn.options());
+  std::vector<at::Tensor> outs(2);
+  std::atomic<bool> split{false};
+  Phases phases;
+  const int64_t first_rows = T / 2;
+  on_two_threads([&](int t, bool both) {
+    if (!both) return;  // OpenMP gave one thread: it runs the layer in turn, after the region
+    split.store(true);
+    try {
+      at::Tensor product = packed_product(attn, o[t]);
+      TORCH_CHECK(product.size(1) == H / 2, "each output projection half gives half of H");
+      x.narrow(1, t * (H / 2), H / 2).copy_(product);
+      if (!phases.next(1)) return;
+      const int64_t begin = t == 0 ? 0 : first_rows, rows = t == 0 ? first_rows : T - first_rows;
+      if (rows > 0) {
+        at::Tensor x_rows = x.narrow(0, begin, rows);
+        at::Tensor residual_rows = residual.narrow(0, begin, rows);
+        add_rms_norm_(x_rows, residual_rows, norm_weight, eps);
+      }
+      if (!phases.next(2)) return;
+      h.narrow(1, t * half, half).copy_(silu_and_mul(packed_product(x, gate_up[t])));
+      if (!phases.next(3)) return;
+      outs[t] = packed_product(h, down[t]);
+    } catch (...) {
+      phases.fail();
+      throw;
+    }
+  });
+  if (!split.load()) return in_turn(false);
   return at::cat({outs[0], outs[1]}, 1);
 }

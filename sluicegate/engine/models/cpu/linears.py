@@ -121,9 +121,9 @@ def swap_cpu_linears(model: nn.Module, kind: str) -> int:
                 mlp.gate_up_applies_activation = True
                 swapped += 1
     if kind == "onednn":
-        # A 16-bit gated MLP: two column halves on two threads in one parallel region
-        # (sluicegate.engine.models.cpu.split_mlp).
-        swapped += 2 * split_gated_mlps(model)
+        # A 16-bit gated MLP, with the output projection before it where it can: two column
+        # halves on two threads in one parallel region (sluicegate.engine.models.cpu.split_mlp).
+        swapped += split_gated_mlps(model)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
