@@ -16,8 +16,8 @@
 // bandwidth on one thread. Two threads double it, but where idle OpenMP threads sleep
 // (OMP_WAIT_POLICY=PASSIVE) each parallel region pays for waking the other thread, about as
 // long as a small product takes; unsplit, the MLP is two or three regions (gate/up, SiLU x mul,
-// down), here one. The wait between the halves is a spin on an atomic counter: both threads
-// are working, and the wait lasts only as long as the two gate/up halves differ.
+// down), here one. The wait between the halves is a spin on an atomic counter (Phases): both
+// threads are working, and the wait lasts only as long as the two gate/up halves differ.
 //
 // split_layer_tail(attn [T, A], residual [T, H], o [w0, w1], norm_weight [H], eps, gate_up,
 //                  down, intermediate) -> the MLP's output [T, H], residual += the projection
@@ -93,6 +93,26 @@ void on_two_threads(const F& run) {
   }
 }
 
+// Both threads' phases in turn: each phase waits for the other thread's part of the one
+// before (a spin on a counter of finished parts). A failure in either thread ends both
+// (the other stops at its next wait); the caller rethrows it.
+class Phases {
+ public:
+  bool next(int phase) {
+    done_.fetch_add(1, std::memory_order_acq_rel);
+    while (done_.load(std::memory_order_acquire) < 2 * phase) {
+      if (failed_.load(std::memory_order_acquire)) return false;
+      spin_pause();
+    }
+    return !failed_.load(std::memory_order_acquire);
+  }
+  void fail() { failed_.store(true, std::memory_order_release); }
+
+ private:
+  std::atomic<int> done_{0};
+  std::atomic<bool> failed_{false};
+};
+
 }  // namespace
 
 at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up,
@@ -116,50 +136,21 @@ at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up
   }
   auto h = at::empty({T, intermediate}, x.options());
   std::vector<at::Tensor> outs(2);
-  std::atomic<int> halves_done{0};
-  std::atomic<bool> failed{false};
-  on_two_threads([&](int t, bool concurrent) {
+  Phases phases;
+  on_two_threads([&](int t, bool both) {
+    if (!both) return;  // OpenMP gave one thread: it runs the MLP whole, after the region
     try {
       h.narrow(1, t * half, half).copy_(silu_and_mul(packed_product(x, gate_up[t])));
+      if (!phases.next(1)) return;
+      outs[t] = packed_product(h, down[t]);
     } catch (...) {
-      failed = true;
-      halves_done.fetch_add(1, std::memory_order_release);
+      phases.fail();
       throw;
     }
-    halves_done.fetch_add(1, std::memory_order_release);
-    if (!concurrent) return;  // one thread: both halves of h first, then down below
-    while (halves_done.load(std::memory_order_acquire) < 2) spin_pause();
-    if (!failed) outs[t] = packed_product(h, down[t]);
   });
-  for (int t = 0; t < 2; ++t) {
-    if (!outs[t].defined()) outs[t] = packed_product(h, down[t]);
-  }
+  if (!outs[0].defined()) return whole_mlp(x, gate_up, down);
   return at::cat({outs[0], outs[1]}, 1);
 }
-
-namespace {
-
-// Both threads' phases in turn: each phase waits for the other thread's part of the one
-// before (a spin on a counter of finished parts). A failure in either thread ends both
-// (the other stops at its next wait); the caller rethrows it.
-class Phases {
- public:
-  bool next(int phase) {
-    done_.fetch_add(1, std::memory_order_acq_rel);
-    while (done_.load(std::memory_order_acquire) < 2 * phase) {
-      if (failed_.load(std::memory_order_acquire)) return false;
-      spin_pause();
-    }
-    return !failed_.load(std::memory_order_acquire);
-  }
-  void fail() { failed_.store(true, std::memory_order_release); }
-
- private:
-  std::atomic<int> done_{0};
-  std::atomic<bool> failed_{false};
-};
-
-}  // namespace
 
 at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
                             const std::vector<at::Tensor>& o, const at::Tensor& norm_weight,
@@ -186,12 +177,10 @@ at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
   auto x = at::empty({T, H}, attn.options());
   auto h = at::empty({T, intermediate}, attn.options());
   std::vector<at::Tensor> outs(2);
-  std::atomic<bool> split{false};
   Phases phases;
   const int64_t first_rows = T / 2;
   on_two_threads([&](int t, bool both) {
     if (!both) return;  // OpenMP gave one thread: it runs the layer in turn, after the region
-    split.store(true);
     try {
       at::Tensor product = packed_product(attn, o[t]);
       TORCH_CHECK(product.size(1) == H / 2, "each output projection half gives half of H");
@@ -212,6 +201,6 @@ at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
       throw;
     }
   });
-  if (!split.load()) return in_turn(false);
+  if (!outs[0].defined()) return in_turn(false);
   return at::cat({outs[0], outs[1]}, 1);
 }
