@@ -199,12 +199,41 @@ def summarize(streams: list[Stream], interval: float, cpu_s: float) -> dict[str,
     }
 
 
+def floor(
+    upstream_port: int, request: bytes, sizes: list[int], args: argparse.Namespace,
+    timeout_s: float,
+) -> dict[str, object]:  # fmt: skip
+    """The same sizes through ``relay_floor.py``: the socket calls and the event loop alone."""
+    port = free_port()
+    relay = Path(__file__).with_name("relay_floor.py")
+    out: dict[str, object] = {}
+    with process([sys.executable, str(relay), str(port), str(upstream_port)]) as proc:
+        for _ in range(100):
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", port), 1).close()
+                break
+            time.sleep(0.05)
+        for size in sizes:
+            before = cpu_seconds(proc.pid)
+            streams = asyncio.run(run_size(port, request, size, args.ramp_s, timeout_s))
+            out[str(size)] = summary = summarize(
+                streams, args.interval, cpu_seconds(proc.pid) - before
+            )
+            print(f"{size} streams, relay floor: {json.dumps(summary)}", flush=True)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,4000,10000", help="stream counts, in turn")
     parser.add_argument("--chunks", type=int, default=20, help="chunks per stream")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between chunks")
     parser.add_argument("--ramp-s", type=float, default=5.0, help="streams start over this long")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time bench/relay_floor.py (bytes in, bytes out) on the same streams",
+    )
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     use_uvloop()
@@ -284,6 +313,8 @@ def main() -> int:
                 summary = summarize(streams, args.interval, cpu_seconds(gateway.pid) - before)
                 result["sizes"][str(size)] = summary  # type: ignore[index]
                 print(f"{size} streams: {json.dumps(summary)}", flush=True)
+            if args.floor:
+                result["floor"] = floor(upstream_port, request, sizes, args, timeout_s)
     print(json.dumps(result))
     return 0
 
