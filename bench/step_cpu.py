@@ -5,7 +5,7 @@ heads, vocab 32000, float32) runs ``--seqs`` requests that all decode together (
 of 64 tokens, ``--steps`` output tokens each, ignore_eos). After the prompts are in, each
 decode step's CPU time (``time.thread_time``, torch on one thread so the forward's work is
 in this thread too) is split into the engine's phases: schedule, input preparation, forward
-and LM head, sampling, scheduler postprocess, and per-request output (``_advance``:
+and LM head, sampling, scheduler postprocess, and per-request output (``LiveChoices.advance``:
 detokenize, stop strings, deltas). ``--sampling mixed`` gives the requests a mix of
 temperature, top-k/top-p/min-p, seeds, penalties and logprobs instead of all greedy.
 
@@ -84,7 +84,10 @@ def main() -> None:
         timed(engine.scheduler, "schedule", "schedule")
         timed(engine.runner.input_batch, "prepare", "prepare")
         timed(engine.runner, "run", "run")
-        timed(engine, "_advance", "advance")
+        if hasattr(engine, "choices"):
+            timed(engine.choices, "advance", "advance")
+        else:  # older engines (comparisons across commits)
+            timed(engine, "_advance", "advance")
         if hasattr(engine.scheduler, "advance"):  # a step launched, then completed
             timed(engine.scheduler, "advance", "postprocess")
             timed(engine.scheduler, "record", "postprocess")

@@ -3,9 +3,8 @@ postprocess -> detokenize and stop strings. Single-threaded: callers serialise a
 
 from __future__ import annotations
 
-import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +17,23 @@ from sluicegate.engine.core.sequence import Sequence
 from sluicegate.engine.kv_events.messages import KvEvent
 from sluicegate.engine.lora import lora_manager
 from sluicegate.engine.options import EngineOptions, resolve_device
-from sluicegate.engine.protocol import Usage
 from sluicegate.engine.runner.input_batch import StepArrays
 from sluicegate.engine.runner.readback import PendingRead
 from sluicegate.engine.sample.grammar import GrammarCompiler, GrammarSpec, request_grammar_spec
 from sluicegate.engine.sample.guided import GrammarGuide, TokenBitmask
-from sluicegate.engine.sample.output import SampledBatch, TokenLogprobs
+from sluicegate.engine.sample.output import SampledBatch
 from sluicegate.engine.sample.params import SamplingParams
 from sluicegate.engine.sample.sampler import Sampler
-from sluicegate.engine.sample.slots import BatchRows, derived_seed
+from sluicegate.engine.sample.slots import BatchRows
 from sluicegate.engine.serving.core_build import load_model_side
-from sluicegate.engine.serving.request_delta import RequestDelta, RequestTimings, fill_text
+from sluicegate.engine.serving.live_choices import LiveChoices
+from sluicegate.engine.serving.request_delta import RequestDelta
 from sluicegate.engine.serving.request_options import RequestOptions
 from sluicegate.engine.serving.speculation import speculable
-from sluicegate.engine.text.choices import Choice, RequestGroup
+from sluicegate.engine.text.choices import RequestGroup
 from sluicegate.engine.text.prompts import prompt_ids
 from sluicegate.engine.text.reasoning import template_has_reasoning
 from sluicegate.engine.text.tool_parsers import detect_tool_parser, make_tool_parser
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -91,13 +88,9 @@ class EngineCore:
         # Each token's bytes (for logprobs) come from a table built once, off the step loop.
         self.grammars.background(lambda: self.tokenizer.token_bytes(0))
         self.bitmask = TokenBitmask(config.vocab_size, options.max_num_seqs)
-        self._requests: dict[str, Choice] = {}
-        """Live choices by sequence id; a request's choice 0 has the request's own id."""
-        self._groups: dict[str, RequestGroup] = {}
-        self._num_guided = 0
-        """Live choices with a grammar guide: while there are any, steps do not overlap."""
-        self._num_unforked = 0
-        """Live requests (n > 1) whose choices are still to be forked from choice 0."""
+        self.choices = LiveChoices(
+            self.scheduler, self.tokenizer, self.tool_parser, self.eos_token_ids
+        )
         self.async_scheduling = (
             self.device.type == "cuda"
             if options.async_scheduling is None
@@ -105,7 +98,6 @@ class EngineCore:
         )
         self._in_flight: _Launched | None = None
         self.speculator = side.speculator
-        self.num_generated_tokens = 0
         self.started_at = time.monotonic()
         self.step_time_s = 0.0
         """Recent step duration (EWMA, the latest weighing 0.2; 0 until a step completed)."""
@@ -190,57 +182,25 @@ class EngineCore:
             unforked=options.n > 1,
             reasoning=chat and self.reasoning,
         )
-        self._groups[request_id] = group
-        self._num_unforked += group.unforked
-        choice = self._start_choice(group, seq, 0)
+        choice = self.choices.add_group(group, seq)
         if resumed:
             choice.replay(resumed)
         return seq
 
-    def _start_choice(self, group: RequestGroup, seq: Sequence, index: int) -> Choice:
-        choice = Choice.start(group, seq, index, self.tokenizer, self.tool_parser)
-        self._requests[seq.request_id] = choice
-        self._num_guided += choice.guide is not None
-        return choice
-
     def abort(self, request_id: str) -> list[RequestDelta]:
         """Free the request's blocks now; the final delta of every choice still open (none if
         the request is not in flight)."""
-        group = self._groups.get(request_id)
-        if group is None:
-            return []
-        deltas = []
-        live = {r.index: r for r in self._requests.values() if r.group is group}
-        for index in range(group.n):
-            if index in group.finished:
-                continue
-            request = live.get(index)
-            if request is not None:
-                self.scheduler.abort(request.seq.request_id)
-                deltas.append(self._final_delta(request, RequestDelta(request_id), "abort"))
-            else:
-                deltas.append(self._close_unstarted_choice(group, index))
-        return deltas
-
-    def _close_unstarted_choice(self, group: RequestGroup, index: int) -> RequestDelta:
-        delta = RequestDelta(group.request_id, index=index, finish_reason="abort")
-        delta.usage = Usage(0, group.completion_tokens, group.num_cached_tokens)
-        delta.done = group.finish(index)
-        if delta.done:
-            self._drop_group(group)
-        return delta
-
-    def _drop_group(self, group: RequestGroup) -> None:
-        del self._groups[group.request_id]
-        if group.unforked:  # ended before its prompt was done: it never forks
-            group.unforked = False
-            self._num_unforked -= 1
+        return self.choices.abort(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._in_flight is not None
 
     def live_request_ids(self) -> list[str]:
-        return list(self._groups)
+        return list(self.choices.groups)
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.choices.num_generated_tokens
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -260,7 +220,7 @@ class EngineCore:
         completes = previous is not None
         speculator = self.speculator
         speculates = speculator is not None and speculator.active(self.scheduler.num_running)
-        if previous is not None and (self._num_guided or speculates):
+        if previous is not None and (self.choices.num_guided or speculates):
             deltas += self._complete(previous)
             previous = None
         drafts = None
@@ -278,7 +238,7 @@ class EngineCore:
             if (
                 self.async_scheduling
                 and not launched.forked
-                and not self._num_guided
+                and not self.choices.num_guided
                 and launched.verdicts is None
             ):
                 self._in_flight = launched
@@ -291,7 +251,7 @@ class EngineCore:
         return deltas
 
     def _speculable(self, seq: Sequence) -> bool:
-        request = self._requests.get(seq.request_id)
+        request = self.choices.by_seq.get(seq.request_id)
         if request is None or not speculable(seq.params):
             return False
         guide = request.guide
@@ -299,7 +259,7 @@ class EngineCore:
         return guide is None or (guide.active and guide.thinking_token is None)
 
     def _guide(self, request_id: str) -> GrammarGuide | None:
-        request = self._requests.get(request_id)
+        request = self.choices.by_seq.get(request_id)
         return request.guide if request is not None else None
 
     def _launch(self, output: SchedulerOutput) -> _Launched:
@@ -324,9 +284,9 @@ class EngineCore:
         forked_rows: list[int] = []
         constrain = None
         # Choices to fork and grammars to apply are rare: most steps skip both passes.
-        if self._num_unforked or self._num_guided:
-            requests = [self._requests.get(item.seq.request_id) for item in sampling_items]
-            forked_rows = self._fork_choices(sampling_items, requests, output.scheduled)
+        if self.choices.num_unforked or self.choices.num_guided:
+            requests = [self.choices.by_seq.get(item.seq.request_id) for item in sampling_items]
+            forked_rows = self.choices.fork(self.runner, sampling_items, requests, output.scheduled)
             if forked_rows:
                 rows = torch.tensor(forked_rows, device=logits.device)
                 logits = torch.cat([logits, logits.index_select(0, rows)])
@@ -364,133 +324,10 @@ class EngineCore:
         self.scheduler.record(launched.output, tokens)
         deltas: list[RequestDelta] = []
         for item, logprobs in zip(launched.sampling_items, result.logprobs, strict=True):
-            request = self._requests.get(item.seq.request_id)
+            request = self.choices.by_seq.get(item.seq.request_id)
             if request is not None and item.token_index is not None:
-                deltas.append(self._advance(request, logprobs, item.token_index + 1))
+                deltas.append(self.choices.advance(request, logprobs, item.token_index + 1))
         return deltas
-
-    def _fork_choices(
-        self,
-        sampling_items: list[ScheduledSequence],
-        requests: list[Choice | None],
-        scheduled: list[ScheduledSequence],
-    ) -> list[int]:
-        """Create choices 1..n-1 of every request whose prompt this step finished: they share
-        its full KV blocks and get a copy of the partly filled last one, then sample from the
-        same logits row. Appends them to the step's items; returns the rows they sample."""
-        rows: list[int] = []
-        for row in range(len(sampling_items)):
-            request = requests[row]
-            if request is None or not request.group.unforked:
-                continue
-            group, parent, item = request.group, request.seq, sampling_items[row]
-            group.unforked = False
-            self._num_unforked -= 1
-            for index in range(1, group.n):
-                params = group.params
-                if params.seed is not None:
-                    params = replace(params, seed=derived_seed(params.seed, index))
-                child = Sequence(
-                    f"{group.request_id}\x1f{index}",
-                    parent.prompt_token_ids,
-                    params,
-                    self.eos_token_ids,
-                    arrival_time=parent.arrival_time,
-                    priority=parent.priority,
-                    lora=parent.lora,
-                )
-                copies = self.scheduler.fork(parent, child, item.num_new_tokens, index)
-                self._start_choice(group, child, index)
-                if copies is None:
-                    continue  # no free block: it computes its own prompt (prefix-cache hits)
-                self.runner.copy_blocks(copies)
-                child_item = ScheduledSequence(child, item.num_new_tokens)
-                sampling_items.append(child_item)
-                scheduled.append(child_item)
-                requests.append(self._requests[child.request_id])
-                rows.append(row)
-        return rows
-
-    def _advance(self, request: Choice, logprobs: TokenLogprobs | None, end: int) -> RequestDelta:
-        """The delta of one choice's tokens up to ``end`` (a later step's placeholder may
-        follow them already)."""
-        seq = request.seq
-        group = request.group
-        new_tokens = seq.token_ids[seq.num_prompt_tokens + request.delivered_tokens : end]
-        detokenizer = request.detokenizer
-        for count, token in enumerate(new_tokens, 1):
-            detokenizer.add_token(token)
-            if detokenizer.stopped:
-                # Accepted draft tokens past a stop string are never delivered.
-                cut = count < len(new_tokens)
-                new_tokens = new_tokens[:count]
-                break
-        else:
-            cut = False
-        if new_tokens and seq.first_token_time is None:
-            seq.first_token_time = time.monotonic()
-        request.delivered_tokens += len(new_tokens)
-        group.completion_tokens += len(new_tokens)
-        self.num_generated_tokens += len(new_tokens)
-        delta = RequestDelta(
-            group.request_id,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            token_ids=new_tokens,
-            index=request.index,
-        )
-        if logprobs is not None:
-            delta.logprobs.append(logprobs)
-        # Ended by this token (length, EOS, stop token). A sequence can also be finished
-        # by a later step still in flight (its length reached there): not yet ours to end.
-        done = seq.is_finished and end >= seq.num_tokens and not cut
-        stop = False
-        for token in new_tokens:
-            if not request.accept(token) and not done:
-                logger.error("%s: the grammar refused token %d", seq.request_id, token)
-                stop = True
-        stop |= request.guide is not None and request.guide.terminated
-        stop |= detokenizer.stopped
-        if stop and not done:
-            if seq.is_finished:
-                seq.finish_reason = "stop"  # ends here, before the later step's length
-            else:
-                self.scheduler.finish(seq, "stop")
-            done = True
-        if done:
-            return self._final_delta(request, delta, seq.finish_reason or "stop")
-        fill_text(delta, request.route(detokenizer.pop_delta()))
-        return delta
-
-    def _final_delta(self, request: Choice, delta: RequestDelta, reason: str) -> RequestDelta:
-        seq = request.seq
-        group = request.group
-        del self._requests[seq.request_id]
-        self._num_guided -= request.guide is not None
-        delta.index = request.index
-        fill_text(delta, request.route(request.detokenizer.pop_delta(final=True), final=True))
-        if reason == "stop" and request.output is not None and request.output.num_tool_calls:
-            reason = "tool_calls"
-        delta.finish_reason = reason
-        if reason == "stop":
-            delta.stop_sequence = request.detokenizer.stopped_by
-        if request.index == 0:
-            group.num_cached_tokens = seq.num_cached_tokens
-        delta.done = group.finish(request.index)
-        if delta.done:
-            self._drop_group(group)
-        delta.usage = Usage(
-            prompt_tokens=seq.num_prompt_tokens,
-            completion_tokens=group.completion_tokens,
-            cached_tokens=group.num_cached_tokens,
-        )
-        delta.timings = RequestTimings(
-            arrival=seq.arrival_time,
-            first_scheduled=seq.first_scheduled_time,
-            first_token=seq.first_token_time,
-            finished=time.monotonic(),
-            num_preemptions=seq.num_preemptions,
-        )
-        return delta
 
     # -- state ------------------------------------------------------------------------------
 

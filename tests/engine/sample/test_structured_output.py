@@ -152,7 +152,7 @@ def test_unconstrained_requests_pay_nothing(model_dirs: dict[str, Path]) -> None
     llm = LLM(str(model_dirs["llama"]), num_kv_blocks=64)
     core = llm.engine
     core.add_request("plain", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0))
-    request = core._requests["plain"]
+    request = core.choices.by_seq["plain"]
     assert request.guide is None and request.output is None
     while core.has_unfinished():
         core.step()
