@@ -99,6 +99,15 @@ def cpu_seconds(pid: int) -> float:
 # ---- the gateway and its database ------------------------------------------------------------
 
 
+def wait_listening(port: int) -> None:
+    """Until something accepts connections on ``port`` (at most ~5 s)."""
+    for _ in range(100):
+        with contextlib.suppress(OSError):
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        time.sleep(0.05)
+
+
 def gateway_command(port: int, workers: int) -> list[str]:
     """``sluicegate gateway`` of whichever checkout the process starts in."""
     return [sys.executable, "-m", "sluicegate.gateway.cli", "gateway", "--host", "127.0.0.1", "--port",
@@ -220,11 +229,7 @@ def main() -> int:
             contextlib.ExitStack() as peers,
         ):
             wait_ready(f"http://127.0.0.1:{gateway_port}/health/live", gateway)
-            for _ in range(100):
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", upstream_port), 1).close()
-                    break
-                time.sleep(0.05)
+            wait_listening(upstream_port)
             if upstream.poll() is not None:
                 raise RuntimeError("upstream exited")
             gateway_request = build_request(gateway_port, "/v1/chat/completions", api_key)

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -33,7 +32,14 @@ import uuid
 from pathlib import Path
 
 import yaml
-from gateway_overhead import _create_key, cpu_seconds, free_port, gateway_command, process
+from gateway_overhead import (
+    _create_key,
+    cpu_seconds,
+    free_port,
+    gateway_command,
+    process,
+    wait_listening,
+)
 from gateway_overhead import wait_ready as wait_http
 from instant_upstream import MODEL, use_uvloop
 from load_client import percentile
@@ -199,6 +205,20 @@ def summarize(streams: list[Stream], interval: float, cpu_s: float) -> dict[str,
     }
 
 
+def time_sizes(
+    port: int, pid: int, label: str, request: bytes, sizes: list[int],
+    args: argparse.Namespace, timeout_s: float,
+) -> dict[str, object]:  # fmt: skip
+    """Each size's streams through the relay listening on ``port`` (process ``pid``)."""
+    out: dict[str, object] = {}
+    for size in sizes:
+        before = cpu_seconds(pid)
+        streams = asyncio.run(run_size(port, request, size, args.ramp_s, timeout_s))
+        out[str(size)] = summary = summarize(streams, args.interval, cpu_seconds(pid) - before)
+        print(f"{size} streams{label}: {json.dumps(summary)}", flush=True)
+    return out
+
+
 def floor(
     upstream_port: int, request: bytes, sizes: list[int], args: argparse.Namespace,
     timeout_s: float,
@@ -206,21 +226,9 @@ def floor(
     """The same sizes through ``relay_floor.py``: the socket calls and the event loop alone."""
     port = free_port()
     relay = Path(__file__).with_name("relay_floor.py")
-    out: dict[str, object] = {}
     with process([sys.executable, str(relay), str(port), str(upstream_port)]) as proc:
-        for _ in range(100):
-            with contextlib.suppress(OSError):
-                socket.create_connection(("127.0.0.1", port), 1).close()
-                break
-            time.sleep(0.05)
-        for size in sizes:
-            before = cpu_seconds(proc.pid)
-            streams = asyncio.run(run_size(port, request, size, args.ramp_s, timeout_s))
-            out[str(size)] = summary = summarize(
-                streams, args.interval, cpu_seconds(proc.pid) - before
-            )
-            print(f"{size} streams, relay floor: {json.dumps(summary)}", flush=True)
-    return out
+        wait_listening(port)
+        return time_sizes(port, proc.pid, ", relay floor", request, sizes, args, timeout_s)
 
 
 def main() -> int:
@@ -301,18 +309,11 @@ def main() -> int:
             process(gateway_command(gateway_port, 1), env) as gateway,
         ):
             wait_http(f"http://127.0.0.1:{gateway_port}/health/live", gateway)
-            for _ in range(100):
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", upstream_port), 1).close()
-                    break
-                time.sleep(0.05)
+            wait_listening(upstream_port)
             asyncio.run(run_size(gateway_port, request, 10, 0.1, timeout_s))  # warm up
-            for size in sizes:
-                before = cpu_seconds(gateway.pid)
-                streams = asyncio.run(run_size(gateway_port, request, size, args.ramp_s, timeout_s))
-                summary = summarize(streams, args.interval, cpu_seconds(gateway.pid) - before)
-                result["sizes"][str(size)] = summary  # type: ignore[index]
-                print(f"{size} streams: {json.dumps(summary)}", flush=True)
+            result["sizes"] = time_sizes(
+                gateway_port, gateway.pid, "", request, sizes, args, timeout_s
+            )
             if args.floor:
                 result["floor"] = floor(upstream_port, request, sizes, args, timeout_s)
     print(json.dumps(result))

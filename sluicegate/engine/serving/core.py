@@ -89,7 +89,7 @@ class EngineCore:
         self.grammars.background(lambda: self.tokenizer.token_bytes(0))
         self.bitmask = TokenBitmask(config.vocab_size, options.max_num_seqs)
         self.choices = LiveChoices(
-            self.scheduler, self.tokenizer, self.tool_parser, self.eos_token_ids
+            self.scheduler, self.runner, self.tokenizer, self.tool_parser, self.eos_token_ids
         )
         self.async_scheduling = (
             self.device.type == "cuda"
@@ -286,7 +286,7 @@ class EngineCore:
         # Choices to fork and grammars to apply are rare: most steps skip both passes.
         if self.choices.num_unforked or self.choices.num_guided:
             requests = [self.choices.by_seq.get(item.seq.request_id) for item in sampling_items]
-            forked_rows = self.choices.fork(self.runner, sampling_items, requests, output.scheduled)
+            forked_rows = self.choices.fork(sampling_items, requests, output.scheduled)
             if forked_rows:
                 rows = torch.tensor(forked_rows, device=logits.device)
                 logits = torch.cat([logits, logits.index_select(0, rows)])

@@ -27,11 +27,13 @@ class LiveChoices:
     def __init__(
         self,
         scheduler: Scheduler,
+        runner: ModelRunner,
         tokenizer: Tokenizer,
         tool_parser: str | None,
         eos_token_ids: set[int],
     ) -> None:
         self._scheduler = scheduler
+        self._runner = runner
         self._tokenizer = tokenizer
         self._tool_parser = tool_parser
         self._eos_token_ids = eos_token_ids
@@ -91,7 +93,6 @@ class LiveChoices:
 
     def fork(
         self,
-        runner: ModelRunner,
         sampling_items: list[ScheduledSequence],
         requests: list[Choice | None],
         scheduled: list[ScheduledSequence],
@@ -124,7 +125,7 @@ class LiveChoices:
                 self._start(group, child, index)
                 if copies is None:
                     continue  # no free block: it computes its own prompt (prefix-cache hits)
-                runner.copy_blocks(copies)
+                self._runner.copy_blocks(copies)
                 child_item = ScheduledSequence(child, item.num_new_tokens)
                 sampling_items.append(child_item)
                 scheduled.append(child_item)
