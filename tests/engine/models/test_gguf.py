@@ -15,7 +15,7 @@ import torch
 from sluicegate.engine import LLM, SamplingParams
 from sluicegate.engine.demo_model import smollm2_gguf
 from sluicegate.engine.models.gguf import UnreadableGGUFError, checkpoint_folder, gguf_file
-from sluicegate.engine.protocol import default_served_name
+from sluicegate.engine.served_names import default_served_name
 from tests.engine.models.greedy import transformers_greedy as hf_greedy
 
 NEW_TOKENS = 24
