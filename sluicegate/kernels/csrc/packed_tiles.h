@@ -9,7 +9,7 @@
 //
 // AVX2 tiles: two 8-float vectors per panel row, up to 6 rows. AVX-512 tiles (compiled for
 // avx512f by attribute, run only where the CPU has it): one 16-float register per panel row,
-// up to 12 rows, alone or two panels side by side.
+// up to 12 rows, alone or two panels side by side, optionally storing the rows they widen.
 #pragma once
 
 #include "convert.h"
@@ -120,15 +120,20 @@ __attribute__((target("avx512f"))) inline __m512 wide_bias(const float* bias, __
   return bias == nullptr ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, bias);
 }
 
-template <int R, typename P>
+// Keep: the tile also stores each panel row, as widened, to ``kept`` ([K][16] float32, 64-byte
+// aligned), so that the block's other tiles read float32 rows (the stores take a port the
+// multiply-adds do not use).
+template <int R, bool Keep, typename P>
 __attribute__((target("avx512f"))) void wide_tile(const float* A, int64_t lda, const P* panel,
                                                  int64_t K, float* C, int64_t ldc,
-                                                 const float* bias, int64_t cols) {
+                                                 const float* bias, int64_t cols,
+                                                 float* kept) {
   __m512 c[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) c[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     const __m512 b = sg::load16(panel + k * kCols);
+    if constexpr (Keep) _mm512_store_ps(kept + k * kCols, b);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) c[r] = _mm512_fmadd_ps(_mm512_set1_ps(A[r * lda + k]), b, c[r]);
   }
@@ -140,18 +145,23 @@ __attribute__((target("avx512f"))) void wide_tile(const float* A, int64_t lda, c
 
 // Rows [0, R) of A times two panels side by side (24 accumulators): each x value loaded
 // serves two panels, so a tile does twice the multiply-adds per load of x.
-template <int R, typename P>
+template <int R, bool Keep, typename P>
 __attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t lda,
                                                       const P* p0, const P* p1, int64_t K,
                                                       float* C0, float* C1, int64_t ldc,
                                                       const float* b0, const float* b1,
-                                                      int64_t cols0, int64_t cols1) {
+                                                      int64_t cols0, int64_t cols1,
+                                                      float* kept0, float* kept1) {
   __m512 c0[R], c1[R];
 #pragma GCC unroll 12
   for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; ++k) {
     const __m512 w0 = sg::load16(p0 + k * kCols);
     const __m512 w1 = sg::load16(p1 + k * kCols);
+    if constexpr (Keep) {
+      _mm512_store_ps(kept0 + k * kCols, w0);
+      _mm512_store_ps(kept1 + k * kCols, w1);
+    }
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
       const __m512 a = _mm512_set1_ps(A[r * lda + k]);
@@ -168,22 +178,36 @@ __attribute__((target("avx512f"))) void wide_pair_tile(const float* A, int64_t l
   }
 }
 
-// Rows [0, rows) of A times one panel in one AVX-512 tile (rows <= kWideRows).
+// Rows [0, rows) of A times one panel in one AVX-512 tile (rows <= kWideRows); ``kept``
+// given: the panel's rows widened are stored there too.
 template <typename P>
 void wide_tile_rows(const float* A, int64_t lda, int64_t rows, const P* panel, int64_t K,
-                    float* C, int64_t ldc, const float* bias, int64_t cols) {
+                    float* C, int64_t ldc, const float* bias, int64_t cols,
+                    float* kept = nullptr) {
   sg::with_count<kWideRows>(rows, [&](auto r) {
-    wide_tile<decltype(r)::value>(A, lda, panel, K, C, ldc, bias, cols);
+    if (kept != nullptr) {
+      wide_tile<decltype(r)::value, true>(A, lda, panel, K, C, ldc, bias, cols, kept);
+    } else {
+      wide_tile<decltype(r)::value, false>(A, lda, panel, K, C, ldc, bias, cols, nullptr);
+    }
   });
 }
 
-// Rows [0, rows) of A (rows <= kWideRows) times two panels in one AVX-512 tile.
+// Rows [0, rows) of A (rows <= kWideRows) times two panels in one AVX-512 tile; ``kept0``
+// given: both panels' rows widened are stored there and in ``kept1`` too.
 template <typename P>
 void wide_pair_rows(const float* A, int64_t lda, int64_t rows, const P* p0, const P* p1,
                     int64_t K, float* C0, float* C1, int64_t ldc, const float* b0,
-                    const float* b1, int64_t cols0, int64_t cols1) {
+                    const float* b1, int64_t cols0, int64_t cols1, float* kept0 = nullptr,
+                    float* kept1 = nullptr) {
   sg::with_count<kWideRows>(rows, [&](auto r) {
-    wide_pair_tile<decltype(r)::value>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0, cols1);
+    if (kept0 != nullptr) {
+      wide_pair_tile<decltype(r)::value, true>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0,
+                                               cols1, kept0, kept1);
+    } else {
+      wide_pair_tile<decltype(r)::value, false>(A, lda, p0, p1, K, C0, C1, ldc, b0, b1, cols0,
+                                                cols1, nullptr, nullptr);
+    }
   });
 }
 
