@@ -17,14 +17,11 @@ from sluicegate.engine.runner.compilation import register_layers, step_metadata,
 from sluicegate.engine.runner.cuda_graphs import DecodeGraphs
 from sluicegate.engine.runner.hooks import KVMirror, StepFollowers
 from sluicegate.engine.runner.input_batch import InputBatch, StepArrays
+from sluicegate.engine.runner.kv_cache import allocate_kv_cache, cpu_num_blocks, kv_bytes_per_block
 from sluicegate.engine.runner.staging import PinnedStaging
 from sluicegate.kernels.reference import FP8_DTYPES
 
 logger = logging.getLogger(__name__)
-
-# KV cache size on CPU when neither num_kv_blocks nor kv_cache_memory is given (vLLM's
-# CPU default is 4 GiB; the cache is zeroed, so a smaller default starts faster).
-DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 
 
 class ModelRunner:
@@ -149,10 +146,7 @@ class ModelRunner:
 
     @property
     def kv_bytes_per_block(self) -> int:
-        c = self.config
-        element = torch.empty((), dtype=self.kv_cache_dtype).element_size()
-        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * element
-        return per_token * self.block_size
+        return kv_bytes_per_block(self.config, self.kv_cache_dtype, self.block_size)
 
     def _plan_num_blocks(
         self, num_kv_blocks: int | None, kv_cache_memory: int | None, utilization: float
@@ -161,16 +155,13 @@ class ModelRunner:
             return num_kv_blocks
         if kv_cache_memory is None and self.device.type == "cuda":
             return self._blocks_from_free_gpu_memory(utilization)
-        budget = DEFAULT_CPU_KV_CACHE_BYTES if kv_cache_memory is None else kv_cache_memory
-        # More blocks than every allowed sequence at full length could use would sit idle.
-        useful = self.max_num_seqs * blocks_for(self.max_model_len, self.block_size)
-        blocks = min(budget // self.kv_bytes_per_block, useful)
-        if blocks < 1:
-            raise ValueError(
-                f"KV cache budget of {budget} bytes is below one block "
-                f"({self.kv_bytes_per_block} bytes)"
-            )
-        return blocks
+        return cpu_num_blocks(
+            kv_cache_memory,
+            self.kv_bytes_per_block,
+            self.max_num_seqs,
+            self.max_model_len,
+            self.block_size,
+        )
 
     def _blocks_from_free_gpu_memory(self, utilization: float) -> int:
         """Run the largest step the scheduler can form, then give the cache whatever of
@@ -243,26 +234,9 @@ class ModelRunner:
         return self.kv_cache.shape[2]
 
     def _allocate_kv_cache(self, num_blocks: int) -> torch.Tensor:
-        """One allocation, [layers, K/V, blocks, block_size, kv_heads, head_dim]; each layer
-        gets views. Zeroed: masked attention weights multiply cache rows never written, and
-        0 x NaN from uninitialised memory would poison the output."""
-        c = self.config
-        cache = torch.empty(
-            c.num_hidden_layers,
-            2,
-            num_blocks,
-            self.block_size,
-            c.num_key_value_heads,
-            c.head_dim,
-            dtype=self.kv_cache_dtype,
-            device=self.device,
+        return allocate_kv_cache(
+            self.model, num_blocks, self.block_size, self.kv_cache_dtype, self.device
         )
-        # zero_() rather than torch.zeros: it touches every page now, not on first use mid-run.
-        cache.zero_()
-        for layer, attention in enumerate(self.model.attention_layers()):
-            attention.k_cache = cache[layer, 0]
-            attention.v_cache = cache[layer, 1]
-        return cache
 
     @torch.inference_mode()
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
