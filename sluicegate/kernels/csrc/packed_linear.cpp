@@ -144,17 +144,15 @@ void panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, const P*
                 const P* p1, int64_t K, float* C0, float* C1, int64_t ldc,
                 const float* b0, const float* b1, int64_t cols0, int64_t cols1) {
   float* kept = kept_panels<P>(height, M, K);
-  bool first = true;
   even_tiles(M, height, [&](int64_t m, int64_t rows) {
     const float* a = A + m * lda;
-    if (kept != nullptr && !first) {
+    if (kept != nullptr && m > 0) {
       one_tile<float>(height, a, lda, rows, kept, p1 == nullptr ? nullptr : kept + K * kCols,
                       K, C0 + m * ldc, C1 + m * ldc, ldc, b0, b1, cols0, cols1, nullptr);
     } else {
       one_tile(height, a, lda, rows, p0, p1, K, C0 + m * ldc, C1 + m * ldc, ldc, b0, b1,
                cols0, cols1, kept);
     }
-    first = false;
   });
 }
 
@@ -165,10 +163,9 @@ void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, co
                       const float* gate_bias, const float* up_bias, int64_t cols) {
   alignas(64) float g[kWideRows * kCols], u[kWideRows * kCols];
   float* kept = kept_panels<P>(height, M, K);
-  bool first = true;
   even_tiles(M, height, [&](int64_t m, int64_t rows) {
     const float* a = A + m * lda;
-    if (kept != nullptr && !first) {
+    if (kept != nullptr && m > 0) {
       wide_pair_rows(a, lda, rows, static_cast<const float*>(kept), kept + K * kCols, K, g, u,
                      kCols, gate_bias, up_bias, cols, cols);
     } else if (height == kWideRows) {
@@ -185,7 +182,6 @@ void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, co
 #pragma omp simd
       for (int64_t j = 0; j < cols; ++j) c[j] = gr[j] / (1.0f + std::exp(-gr[j])) * ur[j];
     }
-    first = false;
   });
 }
 
