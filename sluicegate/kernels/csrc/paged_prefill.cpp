@@ -15,12 +15,14 @@
 //
 // Flash-attention order: a task is (request, KV head, tile of 16 query positions); its rows
 // are the tile's positions times the query heads sharing the KV head. Keys go by 16 at a
-// time: scores = rows x keys as a register-tiled product (the keys transposed once per
-// 16), an online softmax (running max and sum per row, in float32), then the weighted
-// values added the same way. Only key chunks a row can see are computed; the chunk on the
-// diagonal is masked. Needs AVX2 with FMA, head_dim and block_size multiples of 16:
-// paged_prefill_supported() says whether a shape runs here (else the caller keeps the
-// reference).
+// time. The task's queries are transposed once ([head_dim][rows]), so the scores come out
+// key by key as [16 keys][rows] (each key's row broadcast against eight rows of queries at
+// a time), and the online softmax (running max and sum per row, in float32) runs across
+// rows, eight lanes at a time; the weighted values are then added as rows x keys x
+// head_dim. A chunk's keys and values are widened to float32 once, contiguously. Only key
+// chunks a row can see are computed; the chunk on the diagonal is masked. Needs AVX2 with
+// FMA, head_dim and block_size multiples of 16: paged_prefill_supported() says whether a
+// shape runs here (else the caller keeps the reference).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -36,37 +38,77 @@
 
 namespace {
 
-constexpr int64_t kKeys = 16;       // keys per chunk: two 8-float vectors of scores
+constexpr int64_t kKeys = 16;       // keys per chunk
 constexpr int64_t kPositions = 16;  // query positions per task
+constexpr int64_t kLanes = 8;       // rows per score vector
 constexpr int64_t kTileRows = 6;
 constexpr float kMasked = -1e30f;
 
-// C[0..R)[0..16) (+)= A[0..R)[0..K) x B[0..K)[0..16), B's rows ldb apart (B float32, or
-// a 16-bit cache's values widened as they are loaded). Named accumulators (an array of
-// them, GCC keeps in memory).
-#define SG_INIT(r)                                                                       \
-  if constexpr (R > r) {                                                                 \
-    c##r##0 = Accumulate ? _mm256_loadu_ps(C + r * ldc) : _mm256_setzero_ps();           \
-    c##r##1 = Accumulate ? _mm256_loadu_ps(C + r * ldc + 8) : _mm256_setzero_ps();       \
+// exp(x) for x <= 0, and 0 below kNegligible: a masked score's weight is exactly 0, and the
+// vector exp never meets an argument outside float's range (glibc's vector expf redoes such
+// lanes one at a time through the scalar expf and its underflow handling).
+constexpr float kNegligible = -80.0f;  // exp(-80) ~ 2e-35
+
+#pragma omp declare simd notinbranch
+inline float weight(float x) {
+  const float e = std::exp(std::max(x, kNegligible));
+  return x > kNegligible ? e : 0.0f;
+}
+
+// scores[t][r0 .. r0 + 8 V) = sum over d of keys[t][d] * qt[d][r0 ..], for K keys from
+// ``first`` (keys and scores rows ld_k and ld_s apart; qt's rows ld_q apart). Four keys by up
+// to three vectors of rows: twelve accumulators, each a sum over d in order.
+template <int V>
+void score_tile(const float* keys, int64_t ld_k, const float* qt, int64_t ld_q, int64_t D,
+                float* scores, int64_t ld_s) {
+  __m256 acc[4][V];
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 3
+    for (int v = 0; v < V; ++v) acc[t][v] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; ++d) {
+    __m256 q[V];
+#pragma GCC unroll 3
+    for (int v = 0; v < V; ++v) q[v] = _mm256_loadu_ps(qt + d * ld_q + v * kLanes);
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const __m256 k = _mm256_broadcast_ss(keys + t * ld_k + d);
+#pragma GCC unroll 3
+      for (int v = 0; v < V; ++v) acc[t][v] = _mm256_fmadd_ps(k, q[v], acc[t][v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 3
+    for (int v = 0; v < V; ++v) _mm256_storeu_ps(scores + t * ld_s + v * kLanes, acc[t][v]);
+}
+
+// out[r][d0 .. d0 + 16) = out[r][..] * rescale[r] + sum over t < keys of p[t][r] * values[t][..]
+// for rows [0, R) of the tile (out rows ld_o apart, p rows ld_p apart, values rows D apart).
+#define SG_INIT(r)                                                                        \
+  if constexpr (R > r) {                                                                  \
+    const __m256 s = _mm256_broadcast_ss(rescale + r);                                    \
+    c##r##0 = _mm256_mul_ps(_mm256_loadu_ps(out + r * ld_o), s);                          \
+    c##r##1 = _mm256_mul_ps(_mm256_loadu_ps(out + r * ld_o + 8), s);                      \
   }
 #define SG_ROW(r)                                                 \
   if constexpr (R > r) {                                          \
-    const __m256 a = _mm256_broadcast_ss(A + r * lda + k);        \
+    const __m256 a = _mm256_broadcast_ss(p + t * ld_p + r);       \
     c##r##0 = _mm256_fmadd_ps(a, b0, c##r##0);                    \
     c##r##1 = _mm256_fmadd_ps(a, b1, c##r##1);                    \
   }
 #define SG_STORE(r)                                  \
   if constexpr (R > r) {                             \
-    _mm256_storeu_ps(C + r * ldc, c##r##0);          \
-    _mm256_storeu_ps(C + r * ldc + 8, c##r##1);      \
+    _mm256_storeu_ps(out + r * ld_o, c##r##0);       \
+    _mm256_storeu_ps(out + r * ld_o + 8, c##r##1);   \
   }
-template <int R, bool Accumulate, typename TB>
-void tile(const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t K, float* C,
-          int64_t ldc) {
+template <int R>
+void value_tile(const float* p, int64_t ld_p, const float* rescale, const float* values,
+                int64_t D, int64_t keys, float* out, int64_t ld_o) {
   __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
   SG_INIT(0) SG_INIT(1) SG_INIT(2) SG_INIT(3) SG_INIT(4) SG_INIT(5)
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 b0 = sg::load8(B + k * ldb), b1 = sg::load8(B + k * ldb + 8);
+  for (int64_t t = 0; t < keys; ++t) {
+    const __m256 b0 = _mm256_loadu_ps(values + t * D), b1 = _mm256_loadu_ps(values + t * D + 8);
     SG_ROW(0) SG_ROW(1) SG_ROW(2) SG_ROW(3) SG_ROW(4) SG_ROW(5)
   }
   SG_STORE(0) SG_STORE(1) SG_STORE(2) SG_STORE(3) SG_STORE(4) SG_STORE(5)
@@ -75,26 +117,46 @@ void tile(const float* A, int64_t lda, const TB* B, int64_t ldb, int64_t K, floa
 #undef SG_ROW
 #undef SG_STORE
 
-template <bool Accumulate, typename TB>
-void product(const float* A, int64_t lda, int64_t rows, const TB* B, int64_t ldb, int64_t K,
-             float* C, int64_t ldc) {
-  int64_t r = 0;
-  for (; r + kTileRows <= rows; r += kTileRows)
-    tile<6, Accumulate>(A + r * lda, lda, B, ldb, K, C + r * ldc, ldc);
-  const float* a = A + r * lda;
-  float* c = C + r * ldc;
-  switch (rows - r) {
-    case 5: tile<5, Accumulate>(a, lda, B, ldb, K, c, ldc); break;
-    case 4: tile<4, Accumulate>(a, lda, B, ldb, K, c, ldc); break;
-    case 3: tile<3, Accumulate>(a, lda, B, ldb, K, c, ldc); break;
-    case 2: tile<2, Accumulate>(a, lda, B, ldb, K, c, ldc); break;
-    case 1: tile<1, Accumulate>(a, lda, B, ldb, K, c, ldc); break;
-    default: break;
+// Scores of the chunk's 16 keys (keys past the chunk's end: zero rows) for rows padded to
+// ``padded`` (a multiple of 8).
+void chunk_scores(const float* keys, const float* qt, int64_t padded, int64_t D,
+                  float* scores) {
+  for (int64_t t = 0; t < kKeys; t += 4) {
+    int64_t v = 0;
+    for (; v + 3 * kLanes <= padded; v += 3 * kLanes)
+      score_tile<3>(keys + t * D, D, qt + v, padded, D, scores + t * padded + v, padded);
+    switch ((padded - v) / kLanes) {
+      case 2: score_tile<2>(keys + t * D, D, qt + v, padded, D, scores + t * padded + v, padded); break;
+      case 1: score_tile<1>(keys + t * D, D, qt + v, padded, D, scores + t * padded + v, padded); break;
+      default: break;
+    }
+  }
+}
+
+// Rows [0, rows) of out [rows][D] rescaled and given the chunk's weighted values.
+void chunk_values(const float* p, int64_t padded, const float* rescale, const float* values,
+                  int64_t D, int64_t keys, int64_t rows, float* out) {
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    int64_t r = 0;
+    for (; r + kTileRows <= rows; r += kTileRows)
+      value_tile<6>(p + r, padded, rescale + r, values + d0, D, keys, out + r * D + d0, D);
+    const float* pr = p + r;
+    const float* sr = rescale + r;
+    float* o = out + r * D + d0;
+    switch (rows - r) {
+      case 5: value_tile<5>(pr, padded, sr, values + d0, D, keys, o, D); break;
+      case 4: value_tile<4>(pr, padded, sr, values + d0, D, keys, o, D); break;
+      case 3: value_tile<3>(pr, padded, sr, values + d0, D, keys, o, D); break;
+      case 2: value_tile<2>(pr, padded, sr, values + d0, D, keys, o, D); break;
+      case 1: value_tile<1>(pr, padded, sr, values + d0, D, keys, o, D); break;
+      default: break;
+    }
   }
 }
 
 struct Scratch {
-  std::vector<float> q, keys_t, scores, out, peak, total;
+  std::vector<float> qt, keys, values, scores, out, peak, total, rescale, sums;
+  std::vector<int32_t> last_key;
 };
 
 }  // namespace
@@ -139,8 +201,8 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   const int64_t* which = requests.data_ptr<int64_t>();
   const int64_t row = num_kv_heads * D;  // one cache slot's elements
   const float fscale = static_cast<float>(scale);
-  // Masked scores: a finite stand-in for minus infinity (-ffast-math assumes no infinities).
-  // exp(masked - a real score) is 0; a row whose peak is still `masked` has seen no key.
+  // Masked scores (kMasked): a finite stand-in for minus infinity (-ffast-math assumes no
+  // infinities); weight() turns them into exactly 0.
 
   // Tasks: (request, KV head, tile of positions), listed once up front.
   struct Work { int64_t seq, kvh, first; };
@@ -168,73 +230,81 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
         const int64_t seq_len = lens[w.seq], q_len = cu[w.seq + 1] - cu[w.seq];
         const int64_t positions = std::min(kPositions, q_len - w.first);
         const int64_t rows = positions * group;
+        const int64_t padded = (rows + kLanes - 1) / kLanes * kLanes;
         const int64_t offset = seq_len - q_len;  // absolute position of query 0
         const int32_t* table = tables + w.seq * max_blocks;
-        s.q.resize(rows * D);
-        s.keys_t.resize(D * kKeys);
-        s.scores.resize(rows * kKeys);
-        s.out.assign(rows * D, 0.0f);
-        s.peak.assign(rows, kMasked);
-        s.total.assign(rows, 0.0f);
-        // The tile's queries as rows [position][group head], contiguous.
+        // The tile's queries transposed: qt[d][r], rows r = [position][group head]; padding
+        // rows are zero and see every key (their scores stay finite, and are never stored).
+        s.qt.assign(D * padded, 0.0f);
+        s.last_key.resize(padded);
+        s.sums.resize(D);
         for (int64_t j = 0; j < positions; ++j) {
           const Q* src = qp + (cu[w.seq] + w.first + j) * q_stride + w.kvh * group * D;
-          sg::load_row(src, s.q.data() + j * group * D, group * D);
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t r = j * group + g;
+            sg::load_row(src + g * D, s.sums.data(), D);
+            for (int64_t d = 0; d < D; ++d) s.qt[d * padded + r] = s.sums[d];
+            s.last_key[r] = static_cast<int32_t>(offset + w.first + j);
+          }
         }
+        for (int64_t r = rows; r < padded; ++r) s.last_key[r] = static_cast<int32_t>(seq_len);
+        s.keys.resize(kKeys * D);
+        s.values.resize(kKeys * D);
+        s.scores.resize(kKeys * padded);
+        s.out.assign(rows * D, 0.0f);
+        s.peak.assign(padded, kMasked);
+        s.total.assign(padded, 0.0f);
+        s.rescale.resize(padded);
         const int64_t last_visible = offset + w.first + positions - 1;
         for (int64_t k0 = 0; k0 <= last_visible; k0 += kKeys) {
           const int64_t keys = std::min(kKeys, seq_len - k0);
           const int64_t block = table[k0 / block_size];
           const int64_t slot0 = block * block_size + k0 % block_size;
-          const T* kbase = kp + slot0 * row + w.kvh * D;
-          const T* vbase = vp + slot0 * row + w.kvh * D;
-          // Keys transposed to [D][16] (missing keys of a short last chunk are zero).
           for (int64_t t = 0; t < kKeys; ++t) {
+            float* key = s.keys.data() + t * D;
+            float* value = s.values.data() + t * D;
             if (t < keys) {
-              const T* key = kbase + t * row;
-              for (int64_t d = 0; d < D; ++d) s.keys_t[d * kKeys + t] = sg::to_float(key[d]);
+              sg::load_row(kp + (slot0 + t) * row + w.kvh * D, key, D);
+              sg::load_row(vp + (slot0 + t) * row + w.kvh * D, value, D);
             } else {
-              for (int64_t d = 0; d < D; ++d) s.keys_t[d * kKeys + t] = 0.0f;
+              std::fill(key, key + D, 0.0f);
+              std::fill(value, value + D, 0.0f);
             }
           }
-          product<false>(s.q.data(), D, rows, s.keys_t.data(), kKeys, D, s.scores.data(), kKeys);
-          const bool diagonal = k0 + kKeys - 1 > offset + w.first;  // some row cannot see a key
-          for (int64_t r = 0; r < rows; ++r) {
-            float* sc = s.scores.data() + r * kKeys;
-            const int64_t visible = diagonal ? std::min<int64_t>(
-                                                   keys, offset + w.first + r / group - k0 + 1)
-                                             : keys;
-            float chunk_peak = kMasked;
-            for (int64_t t = 0; t < kKeys; ++t) {
-              sc[t] = t < visible ? sc[t] * fscale : kMasked;
-              chunk_peak = std::max(chunk_peak, sc[t]);
-            }
-            const float peak = std::max(s.peak[r], chunk_peak);
-            if (peak <= kMasked) {  // nothing visible yet in this row
-              std::fill(sc, sc + kKeys, 0.0f);
-              continue;
-            }
-            const float rescale = std::exp(s.peak[r] - peak);
-            float sum = 0.0f;
-    #pragma omp simd reduction(+ : sum)
-            for (int64_t t = 0; t < kKeys; ++t) {
-              sc[t] = std::exp(sc[t] - peak);
-              sum += sc[t];
-            }
-            s.total[r] = s.total[r] * rescale + sum;
-            s.peak[r] = peak;
-            if (rescale != 1.0f) {
-              float* o = s.out.data() + r * D;
+          chunk_scores(s.keys.data(), s.qt.data(), padded, D, s.scores.data());
+          // Scaled and masked, then the chunk's peak per row; every row sees key 0, so after
+          // the first chunk each peak is a real score.
+          float* peak = s.peak.data();
+          float* rescale = s.rescale.data();
+          const int32_t* last_key = s.last_key.data();
+          std::copy(peak, peak + padded, rescale);  // the old peaks, for now
+          for (int64_t t = 0; t < kKeys; ++t) {
+            float* sc = s.scores.data() + t * padded;
+            const int32_t key = static_cast<int32_t>(k0 + t);
+            const bool present = t < keys;
     #pragma omp simd
-              for (int64_t d = 0; d < D; ++d) o[d] *= rescale;
+            for (int64_t r = 0; r < padded; ++r) {
+              const float v = present && key <= last_key[r] ? sc[r] * fscale : kMasked;
+              sc[r] = v;
+              peak[r] = std::max(peak[r], v);
             }
           }
-          // Weighted values: out[rows][D] += P[rows][16 keys] x V[16 keys][D], 16 columns of D
-          // at a time (a short chunk's missing keys have weight 0; their rows are not read).
-          for (int64_t d0 = 0; d0 < D; d0 += 16) {
-            product<true>(s.scores.data(), kKeys, rows, vbase + d0, row, keys,
-                          s.out.data() + d0, D);
+          float* total = s.total.data();
+    #pragma omp simd
+          for (int64_t r = 0; r < padded; ++r) {
+            rescale[r] = weight(rescale[r] - peak[r]);
+            total[r] *= rescale[r];
           }
+          for (int64_t t = 0; t < kKeys; ++t) {
+            float* sc = s.scores.data() + t * padded;
+    #pragma omp simd
+            for (int64_t r = 0; r < padded; ++r) {
+              sc[r] = weight(sc[r] - peak[r]);
+              total[r] += sc[r];
+            }
+          }
+          chunk_values(s.scores.data(), padded, rescale, s.values.data(), D, keys, rows,
+                       s.out.data());
         }
         for (int64_t j = 0; j < positions; ++j) {
           for (int64_t g = 0; g < group; ++g) {
