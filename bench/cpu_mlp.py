@@ -1,7 +1,9 @@
 """A decoder layer's tail on the CPU in 16 bits (output projection, residual add and RMSNorm,
 gated MLP) three ways, side by side: unsplit, with the MLP split into column halves on two
 threads in one parallel region (``sluicegate.engine.models.cpu.split_mlp``, ``SplitMLP``), and
-with the whole tail in that region (``SplitLayerTail``).
+with the whole tail in that region (``SplitLayerTail``); on a CPU with AVX512_BF16 in bfloat16
+also ``split_tail_pairs``: that region with the products on the CPU's bfloat16 dot products
+(``sluicegate.kernels.cpu_pair_linear``) instead of oneDNN.
 
 ``--layers`` tails of SmolLM2's shape by default (hidden 576, attention output 576,
 intermediate 1536) with random weights in ``--dtype``, run one after another as a decode step
@@ -36,6 +38,7 @@ from sluicegate.engine.models.cpu.linears import choose_threads  # noqa: E402
 from sluicegate.engine.models.cpu.onednn import OneDNNLinear, packs  # noqa: E402
 from sluicegate.engine.models.cpu.split_mlp import SplitLayerTail, splittable  # noqa: E402
 from sluicegate.engine.models.layers import GatedMLP, RMSNorm  # noqa: E402
+from sluicegate.kernels import cpu_pair_linear  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -54,7 +57,8 @@ def main() -> int:
         print(f"needs two threads and oneDNN packing {args.dtype} here", file=sys.stderr)
         return 1
     torch.manual_seed(0)
-    unsplit, split_mlps, tails = [], [], []
+    pairs = dtype == torch.bfloat16 and cpu_pair_linear.available()
+    unsplit, split_mlps, tails, pair_tails = [], [], [], []
     for _ in range(args.layers):
         o_proj = nn.Linear(args.hidden, args.hidden, bias=False).to(dtype)
         norm = RMSNorm(args.hidden, 1e-5).to(dtype)
@@ -64,6 +68,8 @@ def main() -> int:
                 linear.weight.normal_(0, 0.05)
         assert splittable(mlp)
         tails.append(SplitLayerTail(o_proj, norm, mlp))
+        if pairs:
+            pair_tails.append(SplitLayerTail(o_proj, norm, mlp, cpu_pair_linear.pack))
         split_mlps.append(_Tail(OneDNNLinear(o_proj), norm, tails[-1].mlp))
         mlp.gate_up_proj = OneDNNLinear(mlp.gate_up_proj)
         mlp.down_proj = OneDNNLinear(mlp.down_proj)
@@ -74,13 +80,15 @@ def main() -> int:
         "split_mlp": split_mlps,
         "split_tail": tails,
     }
+    if pairs:
+        sides["split_tail_pairs"] = pair_tails
     result: dict[str, dict[str, float]] = {}
     with torch.inference_mode():
         for rows in (int(r) for r in args.rows.split(",")):
             attn = torch.randn(rows, args.hidden).to(dtype)
             residual = torch.randn(rows, args.hidden).to(dtype)
             reference = unsplit[0](attn, residual.clone())
-            for name in ("split_mlp", "split_tail"):
+            for name in list(sides)[1:]:
                 torch.testing.assert_close(
                     sides[name][0](attn, residual.clone()), reference, rtol=2e-2, atol=2e-2
                 )
@@ -100,7 +108,7 @@ def main() -> int:
                 + " a layer's tail"
             )
             result[str(rows)] = {f"{n}_us": round(m) for n, m in medians.items()}
-            for name in ("split_mlp", "split_tail"):
+            for name in list(sides)[1:]:
                 result[str(rows)][f"{name}_speedup"] = round(medians["unsplit"] / medians[name], 2)
     print(json.dumps(result))
     return 0

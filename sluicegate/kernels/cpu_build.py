@@ -27,6 +27,7 @@ _SOURCES = (
     "paged_decode.cpp",
     "paged_prefill.cpp",
     "packed_linear.cpp",
+    "pair_linear.cpp",
     "layer_ops.cpp",
     "quant_dequant.cpp",
     "split_mlp.cpp",

@@ -97,10 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--cpu-compile", action="store_true", help="torch.compile on CPU too")
     engine.add_argument(
         "--cpu-linears",
-        choices=("auto", "packed", "onednn", "torch"),
+        choices=("auto", "packed", "onednn", "pairs", "torch"),
         help="CPU linears: our packed product, oneDNN with the weight packed once (float32; "
-        "bfloat16 where this CPU has the instructions) or aten (default auto: the faster of "
-        "packed and oneDNN, raced at start-up on the model's weights)",
+        "bfloat16 where this CPU has the instructions), pairs (bfloat16 models on AVX512_BF16 "
+        "CPUs: the layers through our bfloat16 dot-product kernel) or aten (default auto: "
+        "the fastest, raced at start-up on the model's weights)",
     )
     engine.add_argument(
         "--core-process",

@@ -16,6 +16,9 @@ bool packed_linear_allow_avx512(bool allow);
 at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated);
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N,
                          const c10::optional<at::Tensor>& bias, bool gated);
+bool pair_linear_supported();
+at::Tensor pack_pair_weight(const at::Tensor& weight);
+at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N);
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
@@ -61,6 +64,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "returns the previous setting");
   m.def("pack_linear_weight", &pack_linear_weight, nogil, "A linear weight in 16-column panels");
   m.def("packed_linear", &packed_linear, nogil, "x @ W^T (+ bias) with W from pack_linear_weight");
+  m.def("pair_linear_supported", &pair_linear_supported,
+        "Whether this CPU has the bfloat16 dot products pair_linear needs (AVX512_BF16)");
+  m.def("pack_pair_weight", &pack_pair_weight, nogil, "A bfloat16 weight in panels of k pairs");
+  m.def("pair_linear", &pair_linear, nogil,
+        "x @ W^T in bfloat16 with W from pack_pair_weight (bfloat16 dot products)");
   m.def("rms_norm", &rms_norm, nogil, "RMSNorm of each row");
   m.def("add_rms_norm_", &add_rms_norm_, nogil, "residual += x; x = RMSNorm(residual), in place");
   m.def("silu_and_mul", &silu_and_mul, nogil, "silu(first half) * second half, per row");

@@ -42,6 +42,7 @@
 
 at::Tensor silu_and_mul(const at::Tensor& x);
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
+at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N);
 
 namespace {
 
@@ -51,9 +52,11 @@ inline void spin_pause() {
 #endif
 }
 
-// torch's mkldnn::_linear_pointwise (what Inductor calls for a packed oneDNN weight): x
-// [T, K] dense, weight packed by mkldnn::_reorder_linear_weight, no bias, no post-op.
+// x [T, K] dense times a weight packed by mkldnn::_reorder_linear_weight (through torch's
+// mkldnn::_linear_pointwise, what Inductor calls for one; no bias, no post-op) or by
+// pack_pair_weight (its 4-D panels of k pairs: pair_linear, N the panels' real columns).
 at::Tensor packed_product(const at::Tensor& x, const at::Tensor& weight) {
+  if (weight.dim() == 4) return pair_linear(x, weight, weight.size(0) * weight.size(2));
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
   std::vector<c10::IValue> stack{x, weight, c10::IValue(), std::string("none"),

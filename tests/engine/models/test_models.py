@@ -19,7 +19,7 @@ from sluicegate.engine.models.loader import resolve_dtype
 from sluicegate.engine.runner.attention import BACKEND_ENV, resolve_backend_name
 from sluicegate.engine.runner.model_runner import ModelRunner
 from sluicegate.engine.sample.params import SamplingParams
-from sluicegate.kernels import cpu_attention
+from sluicegate.kernels import cpu_attention, cpu_pair_linear
 
 CPU = torch.device("cpu")
 
@@ -241,16 +241,47 @@ def test_cpu_linears_choice(llama_dir: Path) -> None:
     assert resolve_cpu_linears("torch", model) == "torch"
     # A 16-bit model's auto races the packed product against oneDNN with the weight packed
     # where this CPU's oneDNN packs that dtype, else against torch's own 16-bit linear.
+    # Where oneDNN wins a bfloat16 model's race and the CPU has bfloat16 dot products, auto
+    # races those against oneDNN too.
     half = load_model(llama_dir, CPU, dtype="bfloat16")
     other = "onednn" if packs(torch.bfloat16) else "torch"
-    assert resolve_cpu_linears("auto", half) in (
-        {"packed", other} if cpu_linear.available() else {other}
-    )
+    expected = {"packed", other} if cpu_linear.available() else {other}
+    if cpu_pair_linear.available():
+        expected.add("pairs")
+        assert resolve_cpu_linears("pairs", half) == "pairs"
+    assert resolve_cpu_linears("auto", half) in expected
     assert resolve_cpu_linears("onednn", half) == other
     # Other dtypes keep aten's.
     assert resolve_cpu_linears("auto", load_model(llama_dir, CPU).double()) == "torch"
     with pytest.raises(ValueError, match="unknown cpu_linears"):
         resolve_cpu_linears("mkl", model)
+    with pytest.raises(ValueError, match="needs a bfloat16 model"):
+        resolve_cpu_linears("pairs", model)
+
+
+def test_pair_linears_of_a_bfloat16_model(llama_dir: Path) -> None:
+    # Every linear on the bfloat16 dot products: q/k/v and the LM head as PairLinear, the
+    # output projection and the MLP as the two-thread tail's halves. The reference is torch's
+    # own bfloat16 modules: one bfloat16 rounding apart (each side rounds its float32 sums).
+    from sluicegate.engine.models.cpu.linears import swap_cpu_linears
+    from sluicegate.engine.models.cpu.pair_linear import PairLinear
+
+    if not cpu_pair_linear.available():
+        pytest.skip("the bfloat16 dot-product linear needs AVX512_BF16")
+    model = load_model(llama_dir, CPU, dtype="bfloat16")
+    layer = model.model.layers[0]
+    x = torch.randn(7, layer.self_attn.qkv_proj.in_features, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        expected = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+        assert swap_cpu_linears(model, "pairs") == 2 * 4 + 1
+        assert isinstance(layer.self_attn.qkv_proj, PairLinear)
+        assert isinstance(model.lm_head, PairLinear)
+        if torch.get_num_threads() > 1:
+            assert layer.split_tail is not None and layer.split_tail.o_halves[0].dim() == 4
+        got = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+    for out, want in zip(got, expected, strict=True):
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, want, atol=1e-2, rtol=1.6e-2)
 
 
 def test_onednn_linears_of_a_bfloat16_model_match_torchs_own(llama_dir: Path) -> None:

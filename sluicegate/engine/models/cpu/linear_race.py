@@ -32,14 +32,17 @@ _REPEATS = 3
 
 
 def race(
-    model: nn.Module, opponent: Callable[[nn.Linear], nn.Module] = OneDNNLinear
+    model: nn.Module,
+    opponent: Callable[[nn.Linear], nn.Module] = OneDNNLinear,
+    contender: Callable[[nn.Linear], nn.Module] = PackedLinear,
 ) -> dict[int, float]:
-    """Per row count in ``RACE_ROWS``, the packed kernel's time over ``opponent``'s (best of a
-    few alternating runs each) on a slice of the model's widest linear outside the LM head,
-    in the model's dtype. ``opponent`` builds a module from a linear: ``OneDNNLinear``, or the
-    linear itself for torch's own (a 16-bit model where oneDNN packs no such weight)."""
+    """Per row count in ``RACE_ROWS``, ``contender``'s time (the packed kernel's by default)
+    over ``opponent``'s (best of a few alternating runs each) on a slice of the model's widest
+    linear outside the LM head, in the model's dtype. Each builds a module from a linear:
+    ``opponent`` ``OneDNNLinear``, or the linear itself for torch's own (a 16-bit model where
+    oneDNN packs no such weight)."""
     linear = _slice(_widest_layer_linear(model))
-    kernels = (PackedLinear(linear), opponent(linear))
+    kernels = (contender(linear), opponent(linear))
     ratios: dict[int, float] = {}
     with torch.inference_mode():
         for rows in RACE_ROWS:

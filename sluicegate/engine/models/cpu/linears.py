@@ -1,5 +1,8 @@
 """Which kernel runs a CPU model's linears: ``packed`` (the compiled packed-weight product,
-``sluicegate.kernels.cpu_linear``), ``onednn`` (``sluicegate.engine.models.cpu.onednn``) or ``torch``
+``sluicegate.kernels.cpu_linear``), ``onednn`` (``sluicegate.engine.models.cpu.onednn``),
+``pairs`` (bfloat16 models on CPUs with AVX512_BF16: bias-free linears through our kernel on
+the bfloat16 dot products, ``sluicegate.kernels.cpu_pair_linear``, others through oneDNN) or
+``torch``
 (aten's default GEMM, ``nn.Linear`` as loaded).
 
 Float32 models: ``auto`` takes the faster of packed and oneDNN on this machine, raced at
@@ -12,7 +15,8 @@ the bytes of float32 to stream per step) and computes in float32. The other side
 ``OneDNNLinear`` where oneDNN packs that dtype on this CPU (bfloat16 with AVX-512: the same
 16-bit dot products as torch's own linear, without reordering the weight on every call), else
 torch's own linear (``onednn`` then means torch's). ``auto`` races the two the same way, on
-the model's own dtype.
+the model's own dtype; where oneDNN wins on a bfloat16 model and the CPU has the bfloat16
+dot products, ``auto`` then races ``pairs`` against oneDNN the same way.
 """
 
 from __future__ import annotations
@@ -25,12 +29,13 @@ from torch import nn
 from sluicegate.engine.models.cpu.linear_race import describe, packed_wins, race
 from sluicegate.engine.models.cpu.onednn import OneDNNLinear, packs
 from sluicegate.engine.models.cpu.packed_linear import PackedLinear
+from sluicegate.engine.models.cpu.pair_linear import PairLinear, pairs_take
 from sluicegate.engine.models.cpu.split_mlp import split_gated_mlps
 from sluicegate.engine.models.cpu.threads import serial_rows
 from sluicegate.engine.models.layers import GatedMLP
-from sluicegate.kernels import cpu_ops
+from sluicegate.kernels import cpu_ops, cpu_pair_linear
 
-CPU_LINEARS = ("auto", "packed", "onednn", "torch")
+CPU_LINEARS = ("auto", "packed", "onednn", "pairs", "torch")
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +62,12 @@ def resolve_cpu_linears(requested: str, model: nn.Module) -> str:
     dtype = _cpu_dtype(model)
     if requested == "torch" or dtype not in (torch.float32, *_HALF_DTYPES):
         return "torch"
+    if requested == "pairs":
+        if dtype != torch.bfloat16 or not cpu_pair_linear.available():
+            raise ValueError(
+                "cpu_linears='pairs' needs a bfloat16 model and a CPU with AVX512_BF16"
+            )
+        return "pairs"
     from sluicegate.kernels import cpu_linear
 
     packed, onednn = cpu_linear.available(), torch.backends.mkldnn.is_available()
@@ -102,13 +113,18 @@ def _resolve_half(requested: str, model: nn.Module, dtype: torch.dtype, packed: 
         describe(ratios),
         kind,
     )
+    if kind == "onednn" and dtype == torch.bfloat16 and cpu_pair_linear.available():
+        ratios = race(model, OneDNNLinear, contender=PairLinear)
+        if packed_wins(ratios):
+            kind = "pairs"
+        logger.info("bfloat16 dot products' time over oneDNN's: %s; %s", describe(ratios), kind)
     return kind
 
 
 def swap_cpu_linears(model: nn.Module, kind: str) -> int:
     """Replace every ``nn.Linear`` of a loaded model in place with ``kind``'s module (from
     ``resolve_cpu_linears``); returns how many."""
-    replacement = {"packed": PackedLinear, "onednn": OneDNNLinear}.get(kind)
+    replacement = {"packed": PackedLinear, "onednn": OneDNNLinear, "pairs": OneDNNLinear}.get(kind)
     if replacement is None:
         return 0
     swapped = 0
@@ -120,15 +136,19 @@ def swap_cpu_linears(model: nn.Module, kind: str) -> int:
                 mlp.gate_up_proj = PackedLinear(mlp.gate_up_proj, gated=True)
                 mlp.gate_up_applies_activation = True
                 swapped += 1
-    if kind == "onednn":
+    if kind in ("onednn", "pairs"):
         # A 16-bit gated MLP, with the output projection before it where it can: two column
         # halves on two threads in one parallel region (sluicegate.engine.models.cpu.split_mlp).
-        swapped += split_gated_mlps(model)
+        swapped += split_gated_mlps(model, pairs=kind == "pairs")
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if type(child) is not nn.Linear:
+                continue
+            if kind == "pairs" and pairs_take(child):
+                setattr(parent, name, PairLinear(child))
+            else:
                 setattr(parent, name, replacement(child))
-                swapped += 1
+            swapped += 1
     return swapped
 
 
@@ -139,7 +159,7 @@ def choose_threads(model: nn.Module, dtype: torch.dtype) -> dict[str, int]:
     Returns those rows per shape, named for the log."""
     chosen: dict[str, int] = {}
     for module in model.modules():
-        if isinstance(module, (OneDNNLinear, PackedLinear)):
+        if isinstance(module, (OneDNNLinear, PackedLinear, PairLinear)):
             gated = isinstance(module, PackedLinear) and module.packed.gated
             name = f"{module.in_features}x{module.out_features}{' gated' if gated else ''}"
             if name not in chosen:

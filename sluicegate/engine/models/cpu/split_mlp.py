@@ -23,10 +23,14 @@ layer at 1-256 rows, 0.97x at 2,048 (two half-width output products), its cost.
 
 Every output value is still one oneDNN product over all of its inputs; only oneDNN's own
 blocking of a half-width product may sum in another order (results within a bfloat16
-rounding of the unsplit MLP's).
+rounding of the unsplit MLP's). With ``pairs`` (``sluicegate.engine.models.cpu.linears``'
+``pairs`` kind) the halves are packed for the CPU's bfloat16 dot products instead
+(``sluicegate.kernels.cpu_pair_linear``) and the same region runs those.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -34,6 +38,7 @@ from torch import nn
 from sluicegate.engine.models.cpu.onednn import pack_weight, packs
 from sluicegate.engine.models.layers import GatedMLP, RMSNorm
 from sluicegate.engine.models.llama import DecoderLayer
+from sluicegate.kernels import cpu_pair_linear
 from sluicegate.kernels.cpu_build import extension
 
 COLUMN_SPLIT_ROWS = 256
@@ -43,22 +48,25 @@ COLUMN_SPLIT_ROWS = 256
 
 class SplitMLP(nn.Module):
     """silu(x W_gate^T) * (x W_up^T) W_down^T from a gated MLP's two linears, their weights
-    packed for oneDNN as two halves each."""
+    packed for oneDNN (or by ``pack``) as two halves each."""
 
-    def __init__(self, gate_up: nn.Linear, down: nn.Linear) -> None:
+    def __init__(
+        self,
+        gate_up: nn.Linear,
+        down: nn.Linear,
+        pack: Callable[[torch.Tensor], torch.Tensor] = pack_weight,
+    ) -> None:
         super().__init__()
         self.intermediate_size = down.in_features
         self.out_features = down.out_features
         half, out_half = self.intermediate_size // 2, self.out_features // 2
         gate, up = gate_up.weight.detach().split(self.intermediate_size)
         self.gate_up_halves = [
-            pack_weight(torch.cat([gate[t * half : (t + 1) * half], up[t * half : (t + 1) * half]]))
+            pack(torch.cat([gate[t * half : (t + 1) * half], up[t * half : (t + 1) * half]]))
             for t in range(2)
         ]
         weight = down.weight.detach()
-        self.down_halves = [
-            pack_weight(weight[t * out_half : (t + 1) * out_half]) for t in range(2)
-        ]
+        self.down_halves = [pack(weight[t * out_half : (t + 1) * out_half]) for t in range(2)]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         kernels = extension()
@@ -74,10 +82,11 @@ class SplitMLP(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def splittable(mlp: nn.Module) -> bool:
+def splittable(mlp: nn.Module, pairs: bool = False) -> bool:
     """A gated MLP, on a CPU with more than one thread, whose two products are plain bias-free
     linears of a 16-bit dtype oneDNN packs here, of even widths (not one wrapped for LoRA,
-    fused with its activation, or quantized)."""
+    fused with its activation, or quantized); ``pairs``: bfloat16 ones whose halves the
+    bfloat16 dot products take whole (widths that are multiples of 32)."""
     if (
         not isinstance(mlp, GatedMLP)
         or mlp.gate_up_applies_activation
@@ -100,6 +109,17 @@ def splittable(mlp: nn.Module) -> bool:
         and torch.get_num_threads() > 1
         and packs(dtype)
         and extension() is not None
+        and (not pairs or _pairs_take(dtype, down.in_features, down.out_features))
+    )
+
+
+def _pairs_take(dtype: torch.dtype, *widths: int) -> bool:
+    # Each half of each width in whole 16-column panels: the two-thread region's product
+    # reads a half's width off its panels.
+    return (
+        dtype == torch.bfloat16
+        and all(width % 32 == 0 for width in widths)
+        and cpu_pair_linear.available()
     )
 
 
@@ -111,14 +131,20 @@ class SplitLayerTail(nn.Module):
     Takes the attention's output and the residual stream; returns the MLP's output and the
     residual stream (updated in place), as ``DecoderLayer`` does."""
 
-    def __init__(self, o_proj: nn.Linear, norm: RMSNorm, mlp: GatedMLP) -> None:
+    def __init__(
+        self,
+        o_proj: nn.Linear,
+        norm: RMSNorm,
+        mlp: GatedMLP,
+        pack: Callable[[torch.Tensor], torch.Tensor] = pack_weight,
+    ) -> None:
         super().__init__()
         half = o_proj.out_features // 2
         weight = o_proj.weight.detach()
-        self.o_halves = [pack_weight(weight[:half]), pack_weight(weight[half:])]
+        self.o_halves = [pack(weight[:half]), pack(weight[half:])]
         self.norm_weight = norm.weight.detach()
         self.eps = norm.eps
-        self.mlp = SplitMLP(mlp.gate_up_proj, mlp.down_proj)
+        self.mlp = SplitMLP(mlp.gate_up_proj, mlp.down_proj, pack)
 
     def forward(
         self, attn: torch.Tensor, residual: torch.Tensor
@@ -140,12 +166,16 @@ class SplitLayerTail(nn.Module):
         return out, residual
 
 
-def splittable_tail(layer: DecoderLayer) -> bool:
+def splittable_tail(layer: DecoderLayer, pairs: bool = False) -> bool:
     """A decoder layer whose MLP is ``splittable`` and whose output projection is a plain
     bias-free linear of the MLP's dtype and even width, with an RMSNorm of that dtype between
     them (not one wrapped for LoRA, quantized or sharded)."""
     o_proj, norm, mlp = layer.self_attn.o_proj, layer.post_attention_layernorm, layer.mlp
-    if not splittable(mlp) or type(o_proj) is not nn.Linear or layer.self_attn.tp is not None:
+    if (
+        not splittable(mlp, pairs)
+        or type(o_proj) is not nn.Linear
+        or layer.self_attn.tp is not None
+    ):
         return False
     assert isinstance(mlp, GatedMLP)
     dtype = mlp.gate_up_proj.weight.dtype
@@ -158,24 +188,26 @@ def splittable_tail(layer: DecoderLayer) -> bool:
     )
 
 
-def split_gated_mlps(model: nn.Module) -> int:
+def split_gated_mlps(model: nn.Module, pairs: bool = False) -> int:
     """Give each decoder layer of ``model`` that can take one a ``SplitLayerTail`` in place of
     its output projection and MLP linears, and each other splittable gated MLP a
-    ``SplitMLP`` in place of its two; returns how many linears were replaced."""
+    ``SplitMLP`` in place of its two (``pairs``: their weights packed for the bfloat16 dot
+    products); returns how many linears were replaced."""
     replaced = 0
+    pack = cpu_pair_linear.pack if pairs else pack_weight
     for layer in model.modules():
-        if isinstance(layer, DecoderLayer) and splittable_tail(layer):
+        if isinstance(layer, DecoderLayer) and splittable_tail(layer, pairs):
             layer.split_tail = SplitLayerTail(
-                layer.self_attn.o_proj, layer.post_attention_layernorm, layer.mlp
+                layer.self_attn.o_proj, layer.post_attention_layernorm, layer.mlp, pack
             )
             # The MLP, called alone, still computes itself (the same halves).
             layer.mlp.split_product = layer.split_tail.mlp
             del layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj
             replaced += 3
     for mlp in model.modules():
-        if splittable(mlp):
+        if splittable(mlp, pairs):
             assert isinstance(mlp, GatedMLP)
-            mlp.split_product = SplitMLP(mlp.gate_up_proj, mlp.down_proj)
+            mlp.split_product = SplitMLP(mlp.gate_up_proj, mlp.down_proj, pack)
             del mlp.gate_up_proj, mlp.down_proj
             replaced += 2
     return replaced
