@@ -2,11 +2,11 @@
 AVX512_BF16's ``vdpbf16ps``, two multiply-adds of bfloat16 pairs an instruction);
 ``torch.nn.functional.linear`` is its reference.
 
-oneDNN's bfloat16 GEMM uses the same instruction, but a decode step's small products (tens of
-rows) reach only part of the machine's dot-product speed through it: SmolLM2's layer shapes at
-32 rows ran 180-310 GFLOP/s on a 2-core AVX-512 AMD EPYC with ``avx512_bf16``, against ~420
-here (``bench/cpu_linear.py --dtype bfloat16``). Weights are packed once in panels of 16
-columns holding each column's k pairs side by side, the layout the instruction reads. Part of
+oneDNN's bfloat16 GEMM uses the same instruction; on a 2-core AVX-512 AMD EPYC with
+``avx512_bf16`` this kernel ran a decoder layer's tail (SmolLM2's shapes, weights streamed
+from memory) 1.59x faster at 1 row, 1.13-1.18x at 32-64 rows and 1.05x at 2,048
+(``bench/cpu_mlp.py``). Weights are packed once in panels of 16 columns holding each column's
+k pairs side by side, the layout the instruction reads. Part of
 the CPU kernels' extension (``sluicegate.kernels.cpu_build``); ``available()`` is False without
 a compiler or on a CPU without AVX512_BF16.
 """
