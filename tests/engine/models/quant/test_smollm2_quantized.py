@@ -24,8 +24,8 @@ from tests.engine.models.greedy import transformers_greedy
 from tests.engine.models.quant.checkpoints import compress
 
 NEW_TOKENS = 16
-# Logit gap within which fp8 activation rounding may order the top two either way (the
-# logits reach ~30; the gaps that flipped were ~0.1).
+# Logit gap within which fp8 activation rounding may order near-tied tokens either way (the
+# logits reach ~30; the gaps that flipped were ~0.1-0.24).
 TIE = 0.5
 QUESTIONS = ["What is the capital of France?", "Name three primary colours."]
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
@@ -77,9 +77,11 @@ def test_greedy_tokens_equal_transformers(preset: str, smollm2: Path, tmp_path: 
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=step + 1,
                 do_sample=False, output_logits=True, return_dict_in_generate=True,
             )  # fmt: skip
-        top = run.logits[step][0].topk(2)
-        assert {tokens[step], expected[step]} == set(top.indices.tolist())
-        assert float(top.values[0] - top.values[1]) < TIE
+        # Transformers' pick is its top token, and ours within TIE of it (near ties may be
+        # three-way: one seen had three logits within 0.24 of each other).
+        logits = run.logits[step][0]
+        assert expected[step] == int(logits.argmax())
+        assert float(logits[expected[step]] - logits[tokens[step]]) < TIE
     cpu = torch.device("cpu")
     dense = sum(
         p.numel() * p.element_size() for p in load_model(smollm2, cpu, "bfloat16").parameters()
