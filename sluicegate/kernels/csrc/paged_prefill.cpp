@@ -155,7 +155,7 @@ void chunk_values(const float* p, int64_t padded, const float* rescale, const fl
 }
 
 struct Scratch {
-  std::vector<float> qt, keys, values, scores, out, peak, total, rescale, sums;
+  std::vector<float> qt, keys, values, scores, out, peak, total, rescale, query;
   std::vector<int32_t> last_key;
 };
 
@@ -237,13 +237,13 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
         // rows are zero and see every key (their scores stay finite, and are never stored).
         s.qt.assign(D * padded, 0.0f);
         s.last_key.resize(padded);
-        s.sums.resize(D);
+        s.query.resize(D);
         for (int64_t j = 0; j < positions; ++j) {
           const Q* src = qp + (cu[w.seq] + w.first + j) * q_stride + w.kvh * group * D;
           for (int64_t g = 0; g < group; ++g) {
             const int64_t r = j * group + g;
-            sg::load_row(src + g * D, s.sums.data(), D);
-            for (int64_t d = 0; d < D; ++d) s.qt[d * padded + r] = s.sums[d];
+            sg::load_row(src + g * D, s.query.data(), D);
+            for (int64_t d = 0; d < D; ++d) s.qt[d * padded + r] = s.query[d];
             s.last_key[r] = static_cast<int32_t>(offset + w.first + j);
           }
         }

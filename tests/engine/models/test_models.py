@@ -259,6 +259,12 @@ def test_cpu_linears_choice(llama_dir: Path) -> None:
         resolve_cpu_linears("pairs", model)
 
 
+def _bf16_products(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The first layer's q/k/v product and MLP, and the LM head, on ``x``."""
+    layer = model.model.layers[0]
+    return layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x)
+
+
 def test_pair_linears_of_a_bfloat16_model(llama_dir: Path) -> None:
     # Every linear on the bfloat16 dot products: q/k/v and the LM head as PairLinear, the
     # output projection and the MLP as the two-thread tail's halves. The reference is torch's
@@ -272,13 +278,13 @@ def test_pair_linears_of_a_bfloat16_model(llama_dir: Path) -> None:
     layer = model.model.layers[0]
     x = torch.randn(7, layer.self_attn.qkv_proj.in_features, dtype=torch.bfloat16)
     with torch.inference_mode():
-        expected = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+        expected = _bf16_products(model, x)
         assert swap_cpu_linears(model, "pairs") == 2 * 4 + 1
         assert isinstance(layer.self_attn.qkv_proj, PairLinear)
         assert isinstance(model.lm_head, PairLinear)
         if torch.get_num_threads() > 1:
             assert layer.split_tail is not None and layer.split_tail.o_halves[0].dim() == 4
-        got = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+        got = _bf16_products(model, x)
     for out, want in zip(got, expected, strict=True):
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out, want, atol=1e-2, rtol=1.6e-2)
@@ -296,10 +302,10 @@ def test_onednn_linears_of_a_bfloat16_model_match_torchs_own(llama_dir: Path) ->
     layer = model.model.layers[0]
     x = torch.randn(7, layer.self_attn.qkv_proj.in_features, dtype=torch.bfloat16)
     with torch.inference_mode():
-        expected = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+        expected = _bf16_products(model, x)
         assert swap_cpu_linears(model, "onednn") == 2 * 4 + 1
         assert type(layer.self_attn.qkv_proj).__name__ == "OneDNNLinear"
-        got = (layer.self_attn.qkv_proj(x), layer.mlp(x), model.lm_head(x))
+        got = _bf16_products(model, x)
     for out, want in zip(got, expected, strict=True):
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out, want, atol=0, rtol=0)
