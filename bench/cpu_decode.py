@@ -10,7 +10,9 @@ per call) and speedup; on a CPU with AVX-512 also compiled_avx2_us, the kernel w
 AVX-512 path turned off, and avx512_speedup. The queries are a view into the rows of a fused
 q/k/v product, as in the engine; for a 16-bit dtype also compiled_float_queries_us: the kernel
 given float32 queries and its output rounded back, both by torch (what the engine did before
-the kernels read 16-bit queries in place).
+the kernels read 16-bit queries in place). ``--layers N`` gives each call the next of N caches
+in turn, as a step's layers do: past the last-level cache the rows then come from memory, as
+in the engine.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def main() -> int:
     parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=1)
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
     torch.set_num_threads(args.threads)
@@ -56,20 +59,29 @@ def main() -> int:
     max_blocks = -(-args.max_len // block_size)
     num_blocks = 2 * args.batch * max_blocks
     shape = (num_blocks, block_size, kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=generator).to(dtype)
-    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    caches = [
+        (
+            torch.randn(shape, generator=generator).to(dtype),
+            torch.randn(shape, generator=generator).to(dtype),
+        )
+        for _ in range(args.layers)
+    ]
     tables = torch.randperm(num_blocks, generator=generator)[: args.batch * max_blocks]
     fused = torch.randn(args.batch, (heads + 2 * kv_heads) * head_dim, generator=generator)
     queries = fused.to(dtype)[:, : heads * head_dim].view(args.batch, heads, head_dim)
-    step = (
-        queries,
-        k_cache,
-        v_cache,
-        tables.view(args.batch, max_blocks).to(torch.int32),
-        lens.to(torch.int32),
-        torch.arange(args.batch + 1, dtype=torch.int32),
-        head_dim**-0.5,
-    )
+    steps = [
+        (
+            queries,
+            k_cache,
+            v_cache,
+            tables.view(args.batch, max_blocks).to(torch.int32),
+            lens.to(torch.int32),
+            torch.arange(args.batch + 1, dtype=torch.int32),
+            head_dim**-0.5,
+        )
+        for k_cache, v_cache in caches
+    ]
+    step = steps[0]
     sides = {"reference": reference.paged_attention, "compiled": cpu_attention.paged_attention}
     wide = cpu_attention.allow_avx512(True) and _has_avx512()
     if wide:
@@ -87,8 +99,9 @@ def main() -> int:
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             started = time.perf_counter()
-            sides[name](*step)
-            timings[name].append((time.perf_counter() - started) * 1e6)
+            for layer_step in steps:
+                sides[name](*layer_step)
+            timings[name].append((time.perf_counter() - started) * 1e6 / len(steps))
     medians = {name: statistics.median(values) for name, values in timings.items()}
     for name, median in medians.items():
         print(f"{name}: median {median:,.0f} µs per decode step's attention (one layer)")

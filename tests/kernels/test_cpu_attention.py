@@ -101,6 +101,37 @@ def test_all_decode_batch_matches_naive_attention(
     torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[dtype])
 
 
+@pytest.mark.parametrize("batch", [2, 8, 24], ids=lambda b: f"batch{b}")
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim", [(9, 3, 64), (14, 2, 128), (8, 4, 64)], ids=str
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_spans_of_kv_heads_match_naive_attention(
+    decode_isa,
+    make_paged_case,
+    naive_attention,
+    tolerances,
+    batch,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+    dtype,
+) -> None:
+    # On two threads a task takes one KV head of two requests, spans of two (and a shorter
+    # last span of three heads) at 8 requests, and every head of a request at 24; lengths
+    # under one tile of four keys, under one pass of 16 value rows, and past several.
+    lengths = [1, 3, 16, 17, 45, 70, 130, 5]
+    specs = [(lengths[i % len(lengths)], 1) for i in range(batch)]
+    case = make_paged_case(specs, num_heads, num_kv_heads, head_dim, 16, dtype=dtype, seed=5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = _assert_matches_reference(case, tolerances)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[dtype])
+
+
 def test_table_entries_past_the_end_are_never_read(make_paged_case, tolerances) -> None:
     case = make_paged_case([(20, 1), (37, 1)], 8, 2, 64, 16)
     tables = case.block_tables.clone()

@@ -1,5 +1,6 @@
 // What the CPU decode kernels share (csrc/paged_decode.cpp, csrc/decode_wide.h): one task per
-// (request, KV head), its cache rows found through per-token offsets, and the float32 softmax.
+// request and span of its KV heads, its cache rows found through per-token offsets, and the
+// float32 softmax.
 #pragma once
 
 #include "convert.h"
@@ -12,14 +13,23 @@ namespace sg::decode {
 
 template <typename T>
 struct Task {
-  const float* q;       // the group's first query head: [group, head_dim]
-  const T* k;           // this KV head's slice of the cache
+  const float* q;       // the span's first query head: [kv_heads * group, head_dim]
+  const T* k;           // the span's first KV head's slice of the cache
   const T* v;
   const int64_t* offsets;  // each token's slot in the cache, in elements (from the table)
   int64_t len, group, head_dim;
   float scale;
-  float* out;           // [group, head_dim]
+  float* out;           // [kv_heads * group, head_dim]
+  int64_t kv_heads;     // KV heads in the span, each with `group` query heads
 };
+
+// KV head h of a span as a task of its own (its scores start at h * group rows).
+template <typename T>
+inline Task<T> one_head(const Task<T>& t, int64_t h) {
+  const int64_t queries = h * t.group * t.head_dim;
+  return {t.q + queries, t.k + h * t.head_dim, t.v + h * t.head_dim, t.offsets, t.len,
+          t.group, t.head_dim, t.scale, t.out + queries, 1};
+}
 
 template <typename T>
 inline const T* slot(const T* cache, const Task<T>& t, int64_t token) {

@@ -13,8 +13,8 @@
 // as widening q and rounding the float32 result with torch, without the two whole-tensor
 // conversions (each a parallel region of its own, which cost more than the copies).
 //
-// One task per (request, KV head): the query heads sharing that KV head (GQA) read each key
-// and value row once. Scores and softmax in fp32, as sluicegate/kernels/reference.py defines them.
+// One task per request and span of its KV heads (one head on the AVX2 and scalar paths): the
+// query heads sharing a KV head (GQA) read each key and value row once. Scores and softmax in fp32, as sluicegate/kernels/reference.py defines them.
 // Where head_dim is a multiple of 8 and the compiler targets AVX2 with FMA, the dot products
 // and the weighted sum of values run on 8-float registers: two keys and up to four query
 // heads at a time for the scores, two query heads and 32 dimensions at a time for the
@@ -185,17 +185,29 @@ void decode_all(const Q* qp, int64_t q_stride, const T* kp, const T* vp, const i
   const bool vector = head_dim % 8 == 0;
   const bool wide = head_dim % 16 == 0 && wide_decode();
 #endif
-  parallel_items(batch * num_kv_heads, [&](int64_t task) {
+  // A task takes a span of a request's KV heads (all of them where there are requests enough
+  // to keep every thread busy): the wide path then reads each token's row once, whole.
+  int64_t span = 1;
+#ifdef SG_VECTOR
+  if (wide) {
+    const int64_t pieces = std::min<int64_t>(
+        num_kv_heads, (8 * at::get_num_threads() + batch - 1) / batch);
+    span = (num_kv_heads + pieces - 1) / pieces;
+  }
+#endif
+  const int64_t spans = (num_kv_heads + span - 1) / span;
+  parallel_items(batch * spans, [&](int64_t task) {
     thread_local std::vector<float> scores;
     thread_local std::vector<int64_t> offsets;
-    thread_local std::vector<float> wide_q, wide_out;  // a 16-bit group's query and output
-    const int64_t b = task / num_kv_heads, kvh = task % num_kv_heads;
+    thread_local std::vector<float> wide_q, wide_out;  // a 16-bit span's query and output
+    const int64_t b = task / spans, h0 = task % spans * span;
+    const int64_t heads = std::min(span, num_kv_heads - h0);
     const int64_t len = lens[b];
     TORCH_CHECK(len > 0 && len <= max_blocks * block_size, "sequence length out of range");
     slot_offsets(tables + b * max_blocks, len, block_size, row, offsets);
-    const int64_t values = group * head_dim;
-    const Q* query = qp + b * q_stride + kvh * values;
-    Q* out = op + (b * num_heads + kvh * group) * head_dim;
+    const int64_t values = heads * group * head_dim;
+    const Q* query = qp + b * q_stride + h0 * group * head_dim;
+    Q* out = op + (b * num_heads + h0 * group) * head_dim;
     const float* q32;
     float* out32;
     if constexpr (kFloat) {
@@ -208,17 +220,24 @@ void decode_all(const Q* qp, int64_t q_stride, const T* kp, const T* vp, const i
       q32 = wide_q.data();
       out32 = wide_out.data();
     }
-    const Task<T> t{q32, kp + kvh * head_dim, vp + kvh * head_dim, offsets.data(),
-                    len, group, head_dim, scale, out32};
-    scores.resize(group * len);
+    const Task<T> t{q32, kp + h0 * head_dim, vp + h0 * head_dim, offsets.data(), len, group,
+                    head_dim, scale, out32, heads};
+    scores.resize(heads * group * len);
 #ifdef SG_VECTOR
     if (wide) {
       wide_task(t, scores.data());
-    } else if (vector) {
-      vector_task(t, scores.data());
     } else
 #endif
-      scalar_task(t, scores.data());
+      for (int64_t h = 0; h < heads; ++h) {
+        float* head_scores = scores.data() + h * group * len;
+#ifdef SG_VECTOR
+        if (vector) {
+          vector_task(one_head(t, h), head_scores);
+          continue;
+        }
+#endif
+        scalar_task(one_head(t, h), head_scores);
+      }
     if constexpr (!kFloat) sg::store_row(out32, out, values);
   });
 }
