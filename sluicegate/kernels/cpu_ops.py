@@ -19,7 +19,16 @@ import torch
 
 from sluicegate.kernels.cpu_build import extension
 
-__all__ = ["DTYPES", "add_rms_norm_", "rms_norm", "rotary_", "silu_and_mul", "store_kv", "supports"]
+__all__ = [
+    "DTYPES",
+    "add_rms_norm_",
+    "allow_avx512",
+    "rms_norm",
+    "rotary_",
+    "silu_and_mul",
+    "store_kv",
+    "supports",
+]
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 """The element types the CPU kernels read and write (computing in float32)."""
@@ -40,6 +49,13 @@ def _ops() -> ModuleType:
     kernels = extension()
     assert kernels is not None, "check sluicegate.kernels.cpu_ops.supports() first"
     return kernels
+
+
+def allow_avx512(allow: bool) -> bool:
+    """Let RMSNorm and SiLU x mul take their AVX-512 rows on 16-bit tensors where the CPU has
+    AVX-512 (on by default; tests and benches turn it off to run the AVX2 ones); returns the
+    previous setting."""
+    return bool(_ops().layer_ops_allow_avx512(allow))
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -107,6 +108,55 @@ __attribute__((target("avx512f"))) inline __m512 load16(const c10::BFloat16* p) 
 
 __attribute__((target("avx512f"))) inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+
+// Sixteen floats rounded to T as store8 rounds them (c10's round_to_nearest_even for
+// bfloat16, the F16C conversion for float16), as the 16-bit values' bits.
+__attribute__((target("avx512f"))) inline __m256i narrow16(__m512 x, const c10::BFloat16*) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+  const __m512i top = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(top, nan, _mm512_set1_epi32(0x7FC0)));
+}
+
+__attribute__((target("avx512f"))) inline __m256i narrow16(__m512 x, const c10::Half*) {
+  return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+__attribute__((target("avx512f"))) inline __m512 widen16(__m256i bits, const c10::BFloat16*) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+__attribute__((target("avx512f"))) inline __m512 widen16(__m256i bits, const c10::Half*) {
+  return _mm512_cvtph_ps(bits);
+}
+
+template <typename T>
+__attribute__((target("avx512f"))) inline void store16(T* p, __m512 x) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), narrow16(x, p));
+}
+
+// x rounded to T's precision and widened back: what storing and reloading it gives (bfloat16
+// in the 32-bit lanes themselves: no pack and unpack).
+template <typename T>
+__attribute__((target("avx512f"))) inline __m512 round16(__m512 x) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+    const __m512i top = _mm512_and_si512(_mm512_add_epi32(bits, bias),
+                                         _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(
+        _mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(top, nan, _mm512_set1_epi32(0x7FC00000)));
+  } else {
+    const T* tag = nullptr;
+    return widen16(narrow16(x, tag), tag);
+  }
 }
 
 #endif  // SG_VECTOR

@@ -13,7 +13,8 @@
 //                                                        slot -1 (padding) is skipped
 //
 // Every tensor of one call has one dtype: float32, bfloat16 or float16. A 16-bit row is
-// widened to float32 (convert.h), computed in float32 and rounded as it is stored. RMSNorm
+// widened to float32 (convert.h), computed in float32 and rounded as it is stored (on CPUs
+// with AVX-512, RMSNorm and SiLU x mul do so in registers: csrc/layer_ops_wide.h). RMSNorm
 // also rounds the normalised row before the weight multiplies it, where the reference casts
 // back to the model's dtype; the float32 path is the float32 maths with no conversions.
 //
@@ -24,7 +25,9 @@
 #include <ATen/Parallel.h>
 
 #include "convert.h"
+#include "layer_ops_wide.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -34,6 +37,19 @@ namespace {
 
 // Rows per task: a decode step's few rows run on the calling thread.
 constexpr int64_t kGrainRows = 64;
+
+// Below float32's overflow of exp (88.72).
+constexpr float kExpLimit = 88.0f;
+
+// Whether 16-bit rows of T take the AVX-512 rows (csrc/layer_ops_wide.h).
+template <typename T>
+bool wide(const T*) {
+#ifdef SG_VECTOR
+  return !std::is_same_v<T, float> && sg::layer_rows::wide_rows();
+#else
+  return false;
+#endif
+}
 
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.device().is_cpu() && sg::is_element(x.scalar_type()), name,
@@ -98,9 +114,18 @@ inline void normalize_row(const float* in, float* out, const float* weight, int6
 template <typename T>
 void rms_norm_rows(const T* in, int64_t stride, T* out, const float* w, int64_t rows,
                    int64_t H, float eps) {
+  const bool by_registers = wide(in);
   at::parallel_for(0, rows, kGrainRows, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> wide_in, wide_out;
     for (int64_t t = begin; t < end; ++t) {
+#ifdef SG_VECTOR
+      if constexpr (!std::is_same_v<T, float>) {
+        if (by_registers) {
+          sg::layer_rows::rms_norm_row(in + t * stride, out + t * H, w, H, eps);
+          continue;
+        }
+      }
+#endif
       const float* row = widen(in + t * stride, wide_in, H);
       float* o = scratch(out + t * H, wide_out, H, false);
       normalize_row<T>(row, o, w, H, eps);
@@ -112,11 +137,20 @@ void rms_norm_rows(const T* in, int64_t stride, T* out, const float* w, int64_t 
 template <typename T>
 void add_rms_norm_rows(T* xs, int64_t x_stride, T* rs, int64_t r_stride, const float* w,
                        int64_t rows, int64_t H, float eps) {
+  const bool by_registers = wide(xs);
   at::parallel_for(0, rows, kGrainRows, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> wide_x, wide_r, wide_out;
     for (int64_t t = begin; t < end; ++t) {
       T* xr = xs + t * x_stride;
       T* rr = rs + t * r_stride;
+#ifdef SG_VECTOR
+      if constexpr (!std::is_same_v<T, float>) {
+        if (by_registers) {
+          sg::layer_rows::add_rms_norm_row(xr, rr, w, H, eps);
+          continue;
+        }
+      }
+#endif
       const float* x = widen(xr, wide_x, H);
       float* r = scratch(rr, wide_r, H, true);
 #pragma omp simd
@@ -182,19 +216,39 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
     using E = decltype(element);
     const E* in = static_cast<const E*>(x.data_ptr());
     E* o = static_cast<E*>(out.data_ptr());
+    const bool by_registers = wide(in);
     at::parallel_for(0, T, kGrainRows / 4, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> wide_in, wide_out;
       for (int64_t t = begin; t < end; ++t) {
+#ifdef SG_VECTOR
+        if constexpr (!std::is_same_v<E, float>) {
+          if (by_registers) {
+            sg::layer_rows::silu_and_mul_row(in + t * stride, o + t * I, I);
+            continue;
+          }
+        }
+#endif
         const float* gate = widen(in + t * stride, wide_in, 2 * I);
         const float* up = gate + I;
         float* row = scratch(o + t * I, wide_out, I, false);
 #pragma omp simd
-        for (int64_t i = 0; i < I; ++i) row[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+        // exp's argument held below float32's overflow: 1 + inf made these rows NaN (under
+        // -ffast-math) wherever a gate fell below about -88.7, where silu is -0.
+        for (int64_t i = 0; i < I; ++i)
+          row[i] = gate[i] / (1.0f + std::exp(std::min(-gate[i], kExpLimit))) * up[i];
         narrow(row, o + t * I, I);
       }
     });
   });
   return out;
+}
+
+bool layer_ops_allow_avx512(bool allow) {
+#ifdef SG_VECTOR
+  return sg::layer_rows::wide_allowed.exchange(allow);
+#else
+  return false;
+#endif
 }
 
 void rotary_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -23,6 +23,7 @@ at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N)
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);
+bool layer_ops_allow_avx512(bool allow);
 at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up,
                      const std::vector<at::Tensor>& down, int64_t intermediate, bool by_columns);
 at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
@@ -72,6 +73,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, nogil, "RMSNorm of each row");
   m.def("add_rms_norm_", &add_rms_norm_, nogil, "residual += x; x = RMSNorm(residual), in place");
   m.def("silu_and_mul", &silu_and_mul, nogil, "silu(first half) * second half, per row");
+  m.def("layer_ops_allow_avx512", &layer_ops_allow_avx512,
+        "Let RMSNorm and SiLU x mul use AVX-512 on 16-bit rows where the CPU has it (tests and "
+        "benches turn it off); returns the previous setting");
   m.def("split_mlp", &split_mlp, nogil,
         "A gated MLP on two threads in one region, oneDNN's packed products split by columns");
   m.def("split_layer_tail", &split_layer_tail, nogil,
