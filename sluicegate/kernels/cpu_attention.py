@@ -57,10 +57,12 @@ def available() -> bool:
 
 
 def allow_avx512(allow: bool) -> bool:
-    """Let the decode kernel use its AVX-512 path where the CPU has it (on by default; tests
-    and benches turn it off to run the AVX2 one); returns the previous setting."""
+    """Let the decode and prefill kernels use their AVX-512 paths where the CPU has it (on by
+    default; tests and benches turn them off to run the AVX2 ones); returns the previous
+    setting (the decode kernel's)."""
     kernels = extension()
     assert kernels is not None, "check available() first"
+    kernels.paged_prefill_allow_avx512(allow)
     return bool(kernels.paged_decode_allow_avx512(allow))
 
 

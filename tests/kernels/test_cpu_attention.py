@@ -28,7 +28,8 @@ def _has_avx512() -> bool:
 
 @pytest.fixture(params=["avx512", "avx2"])
 def decode_isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The decode kernel's AVX-512 path where the CPU has one, and its AVX2 path."""
+    """The attention kernels' AVX-512 paths (decode and prefill) where the CPU has them, and
+    their AVX2 paths."""
     if request.param == "avx512" and not _has_avx512():
         pytest.skip("this CPU has no AVX-512")
     previous = cpu_attention.allow_avx512(request.param == "avx512")
@@ -154,10 +155,13 @@ def test_other_dtypes_take_the_reference(make_paged_case, ragged_specs) -> None:
 
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(
-    "num_heads,num_kv_heads,head_dim", [(8, 2, 64), (14, 2, 128), (4, 4, 80)], ids=str
+    "num_heads,num_kv_heads,head_dim",
+    [(8, 2, 64), (14, 2, 128), (4, 4, 80), (9, 3, 64)],
+    ids=str,
 )
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_prefills_match_naive_attention(
+    decode_isa,
     make_paged_case,
     naive_attention,
     tolerances,

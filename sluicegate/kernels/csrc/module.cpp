@@ -5,6 +5,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& block_tables,
                            const at::Tensor& seq_lens, double scale);
 bool paged_decode_allow_avx512(bool allow);
+bool paged_prefill_allow_avx512(bool allow);
 bool paged_prefill_supported(int64_t head_dim, int64_t block_size);
 void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -51,6 +52,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, nogil, "Decode attention read through block tables (CPU)");
   m.def("paged_decode_allow_avx512", &paged_decode_allow_avx512,
         "Let paged_decode use AVX-512 where the CPU has it (tests and benches turn it off); "
+        "returns the previous setting");
+  m.def("paged_prefill_allow_avx512", &paged_prefill_allow_avx512,
+        "Let paged_prefill use AVX-512 where the CPU has it (tests and benches turn it off); "
         "returns the previous setting");
   m.def("paged_prefill_supported", &paged_prefill_supported,
         "Whether paged_prefill runs this head_dim and block_size here");

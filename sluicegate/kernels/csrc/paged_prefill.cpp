@@ -20,7 +20,8 @@
 // a time), and the online softmax (running max and sum per row, in float32) runs across
 // rows, eight lanes at a time; the weighted values are then added as rows x keys x
 // head_dim. A chunk's keys and values are widened to float32 once, contiguously. Only key
-// chunks a row can see are computed; the chunk on the diagonal is masked. Needs AVX2 with
+// chunks a row can see are computed; the chunk on the diagonal is masked. On CPUs with AVX-512
+// the scores and weighted values take 16 rows a vector (csrc/prefill_wide.h). Needs AVX2 with
 // FMA, head_dim and block_size multiples of 16: paged_prefill_supported() says whether a
 // shape runs here (else the caller keeps the reference).
 #include <ATen/ATen.h>
@@ -33,6 +34,7 @@
 
 #include "convert.h"
 #include "parallel_items.h"
+#include "prefill_wide.h"
 
 #ifdef SG_VECTOR
 
@@ -154,6 +156,23 @@ void chunk_values(const float* p, int64_t padded, const float* rescale, const fl
   }
 }
 
+// Each row's score of one key scaled, or kMasked past the row's last key, and the row's peak
+// raised to it; rows is a multiple of 8. (Written out: as a loop, under omp simd or not, the
+// compiler left it scalar, a quarter of the kernel's time outside its tiles.)
+void scale_and_mask(float* scores, const int32_t* last_key, int32_t key, float scale,
+                    float* peak, int64_t rows) {
+  const __m256 factor = _mm256_set1_ps(scale), masked = _mm256_set1_ps(kMasked);
+  const __m256i position = _mm256_set1_epi32(key);
+  for (int64_t r = 0; r < rows; r += kLanes) {
+    const __m256i last = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(last_key + r));
+    const __m256 hidden = _mm256_castsi256_ps(_mm256_cmpgt_epi32(position, last));
+    const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(scores + r), factor);
+    const __m256 v = _mm256_blendv_ps(scaled, masked, hidden);
+    _mm256_storeu_ps(scores + r, v);
+    _mm256_storeu_ps(peak + r, _mm256_max_ps(_mm256_loadu_ps(peak + r), v));
+  }
+}
+
 struct Scratch {
   std::vector<float> qt, keys, values, scores, out, peak, total, rescale, query;
   std::vector<int32_t> last_key;
@@ -164,6 +183,8 @@ struct Scratch {
 bool paged_prefill_supported(int64_t head_dim, int64_t block_size) {
   return head_dim % 16 == 0 && block_size % kKeys == 0;
 }
+
+bool paged_prefill_allow_avx512(bool allow) { return sg::prefill::wide_allowed.exchange(allow); }
 
 void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -204,6 +225,10 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   // Masked scores (kMasked): a finite stand-in for minus infinity (-ffast-math assumes no
   // infinities); weight() turns them into exactly 0.
 
+  // Score vectors of 16 rows on AVX-512 (csrc/prefill_wide.h), else of 8.
+  const bool wide = sg::prefill::wide_prefill();
+  const int64_t lanes = wide ? sg::prefill::kWideLanes : kLanes;
+
   // Tasks: (request, KV head, tile of positions), listed once up front.
   struct Work { int64_t seq, kvh, first; };
   std::vector<Work> work;
@@ -230,7 +255,7 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
         const int64_t seq_len = lens[w.seq], q_len = cu[w.seq + 1] - cu[w.seq];
         const int64_t positions = std::min(kPositions, q_len - w.first);
         const int64_t rows = positions * group;
-        const int64_t padded = (rows + kLanes - 1) / kLanes * kLanes;
+        const int64_t padded = (rows + lanes - 1) / lanes * lanes;
         const int64_t offset = seq_len - q_len;  // absolute position of query 0
         const int32_t* table = tables + w.seq * max_blocks;
         // The tile's queries transposed: qt[d][r], rows r = [position][group head]; padding
@@ -271,23 +296,27 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
               std::fill(value, value + D, 0.0f);
             }
           }
-          chunk_scores(s.keys.data(), s.qt.data(), padded, D, s.scores.data());
+          if (wide) {
+            sg::prefill::wide_chunk_scores(s.keys.data(), s.qt.data(), padded, D,
+                                           s.scores.data());
+          } else {
+            chunk_scores(s.keys.data(), s.qt.data(), padded, D, s.scores.data());
+          }
           // Scaled and masked, then the chunk's peak per row; every row sees key 0, so after
           // the first chunk each peak is a real score.
           float* peak = s.peak.data();
           float* rescale = s.rescale.data();
           const int32_t* last_key = s.last_key.data();
           std::copy(peak, peak + padded, rescale);  // the old peaks, for now
+          const float row_scale = fscale;
           for (int64_t t = 0; t < kKeys; ++t) {
             float* sc = s.scores.data() + t * padded;
-            const int32_t key = static_cast<int32_t>(k0 + t);
-            const bool present = t < keys;
-    #pragma omp simd
-            for (int64_t r = 0; r < padded; ++r) {
-              const float v = present && key <= last_key[r] ? sc[r] * fscale : kMasked;
-              sc[r] = v;
-              peak[r] = std::max(peak[r], v);
+            if (t >= keys) {  // past the chunk's end: masked for every row
+              std::fill(sc, sc + padded, kMasked);
+              continue;
             }
+            const int32_t key = static_cast<int32_t>(k0 + t);
+            scale_and_mask(sc, last_key, key, row_scale, peak, padded);
           }
           float* total = s.total.data();
     #pragma omp simd
@@ -303,8 +332,8 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
               total[r] += sc[r];
             }
           }
-          chunk_values(s.scores.data(), padded, rescale, s.values.data(), D, keys, rows,
-                       s.out.data());
+          (wide ? sg::prefill::wide_chunk_values : chunk_values)(
+              s.scores.data(), padded, rescale, s.values.data(), D, keys, rows, s.out.data());
         }
         for (int64_t j = 0; j < positions; ++j) {
           for (int64_t g = 0; g < group; ++g) {
@@ -325,6 +354,8 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
 #else
 
 bool paged_prefill_supported(int64_t, int64_t) { return false; }
+
+bool paged_prefill_allow_avx512(bool) { return false; }
 
 void paged_prefill(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                    const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
