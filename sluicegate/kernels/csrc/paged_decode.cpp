@@ -14,7 +14,8 @@
 // conversions (each a parallel region of its own, which cost more than the copies).
 //
 // One task per request and span of its KV heads (one head on the AVX2 and scalar paths): the
-// query heads sharing a KV head (GQA) read each key and value row once. Scores and softmax in fp32, as sluicegate/kernels/reference.py defines them.
+// query heads sharing a KV head (GQA) read each key and value row once. Scores and softmax in
+// fp32, as sluicegate/kernels/reference.py defines them.
 // Where head_dim is a multiple of 8 and the compiler targets AVX2 with FMA, the dot products
 // and the weighted sum of values run on 8-float registers: two keys and up to four query
 // heads at a time for the scores, two query heads and 32 dimensions at a time for the

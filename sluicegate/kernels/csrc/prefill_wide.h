@@ -87,7 +87,8 @@ __attribute__((target("avx512f"))) void wide_value_tile(const float* p, int64_t 
   for (int r = 0; r < R; ++r) {
     const __m512 s = _mm512_set1_ps(rescale[r]);
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(out + r * ld_o + 16 * c), s);
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(out + r * ld_o + 16 * c), s);
   }
   for (int64_t t = 0; t < keys; ++t) {
     __m512 b[C];
