@@ -6,6 +6,8 @@
 // add_rms_norm_(x [T, H], residual [T, H], weight, eps)  residual += x, then x = rms_norm
 //                                                        (residual): both in place
 // silu_and_mul(x [T, 2I]) -> [T, I]                      silu(x[:, :I]) * x[:, I:]
+// silu_and_mul_into(x [T, 2I], out [T, I])               the same into out's rows (at any
+//                                                        row stride: a column slice)
 // rotary_(x [T, heads, D], cos [T, D], sin [T, D])       neox-style rotation in place (the
 //                                                        halves of cos and sin are equal)
 // store_kv(key, value [T, kv_heads, D], k_cache, v_cache [blocks, block_size, kv_heads, D],
@@ -206,12 +208,14 @@ void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight
   });
 }
 
-at::Tensor silu_and_mul(const at::Tensor& x) {
+void silu_and_mul_into(const at::Tensor& x, at::Tensor& out) {
   check_rows(x, "x");
+  check_rows(out, "out");
   const int64_t T = x.size(0), I = x.size(1) / 2;
   TORCH_CHECK(x.size(1) == 2 * I, "x must have an even number of columns");
-  auto out = at::empty({T, I}, x.options());
-  const int64_t stride = x.stride(0);
+  TORCH_CHECK(out.size(0) == T && out.size(1) == I && out.scalar_type() == x.scalar_type(),
+              "out must be [rows, half of x's columns] of x's dtype");
+  const int64_t stride = x.stride(0), out_stride = out.stride(0);
   sg::with_element(x.scalar_type(), "x", [&](auto element) {
     using E = decltype(element);
     const E* in = static_cast<const E*>(x.data_ptr());
@@ -220,26 +224,33 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
     at::parallel_for(0, T, kGrainRows / 4, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> wide_in, wide_out;
       for (int64_t t = begin; t < end; ++t) {
+        E* row_out = o + t * out_stride;
 #ifdef SG_VECTOR
         if constexpr (!std::is_same_v<E, float>) {
           if (by_registers) {
-            sg::layer_rows::silu_and_mul_row(in + t * stride, o + t * I, I);
+            sg::layer_rows::silu_and_mul_row(in + t * stride, row_out, I);
             continue;
           }
         }
 #endif
         const float* gate = widen(in + t * stride, wide_in, 2 * I);
         const float* up = gate + I;
-        float* row = scratch(o + t * I, wide_out, I, false);
-#pragma omp simd
+        float* row = scratch(row_out, wide_out, I, false);
         // exp's argument held below float32's overflow: 1 + inf made these rows NaN (under
         // -ffast-math) wherever a gate fell below about -88.7, where silu is -0.
+#pragma omp simd
         for (int64_t i = 0; i < I; ++i)
           row[i] = gate[i] / (1.0f + std::exp(std::min(-gate[i], kExpLimit))) * up[i];
-        narrow(row, o + t * I, I);
+        narrow(row, row_out, I);
       }
     });
   });
+}
+
+at::Tensor silu_and_mul(const at::Tensor& x) {
+  check_rows(x, "x");
+  auto out = at::empty({x.size(0), x.size(1) / 2}, x.options());
+  silu_and_mul_into(x, out);
   return out;
 }
 

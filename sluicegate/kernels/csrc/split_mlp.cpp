@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-at::Tensor silu_and_mul(const at::Tensor& x);
+void silu_and_mul_into(const at::Tensor& x, at::Tensor& out);
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N);
 
@@ -65,12 +65,19 @@ at::Tensor packed_product(const at::Tensor& x, const at::Tensor& weight) {
   return stack[0].toTensor();
 }
 
+// silu(gate) * up of x's gate/up half t, written into its column half of h.
+void activate_half(const at::Tensor& x, const at::Tensor& gate_up, at::Tensor& h, int t) {
+  const int64_t half = h.size(1) / 2;
+  at::Tensor columns = h.narrow(1, t * half, half);
+  silu_and_mul_into(packed_product(x, gate_up), columns);
+}
+
 // Both halves on the calling thread: silu(gate) * up of each into h, then each half of down.
 at::Tensor whole_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up,
-                     const std::vector<at::Tensor>& down) {
-  const at::Tensor h = at::cat({silu_and_mul(packed_product(x, gate_up[0])),
-                                silu_and_mul(packed_product(x, gate_up[1]))},
-                               1);
+                     const std::vector<at::Tensor>& down, int64_t intermediate) {
+  at::Tensor h = at::empty({x.size(0), intermediate}, x.options());
+  activate_half(x, gate_up[0], h, 0);
+  activate_half(x, gate_up[1], h, 1);
   return at::cat({packed_product(h, down[0]), packed_product(h, down[1])}, 1);
 }
 
@@ -123,17 +130,19 @@ at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be contiguous rows");
   TORCH_CHECK(gate_up.size() == 2 && down.size() == 2, "two halves of each weight");
   TORCH_CHECK(intermediate % 2 == 0, "the intermediate size must be even");
-  const int64_t T = x.size(0), half = intermediate / 2;
-  if (omp_in_parallel() || omp_get_max_threads() < 2) return whole_mlp(x, gate_up, down);
+  const int64_t T = x.size(0);
+  if (omp_in_parallel() || omp_get_max_threads() < 2) {
+    return whole_mlp(x, gate_up, down, intermediate);
+  }
   if (!by_columns) {
-    if (T < 2) return whole_mlp(x, gate_up, down);
+    if (T < 2) return whole_mlp(x, gate_up, down, intermediate);
     // A prefill's rows: each thread the whole MLP for half of them (no wait between phases).
     std::vector<at::Tensor> outs(2);
     const int64_t first_rows = T / 2;
     on_two_threads([&](int t, bool) {
       const at::Tensor rows =
           t == 0 ? x.narrow(0, 0, first_rows) : x.narrow(0, first_rows, T - first_rows);
-      outs[t] = whole_mlp(rows, gate_up, down);
+      outs[t] = whole_mlp(rows, gate_up, down, intermediate);
     });
     return at::cat({outs[0], outs[1]}, 0);
   }
@@ -143,7 +152,7 @@ at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up
   on_two_threads([&](int t, bool both) {
     if (!both) return;  // OpenMP gave one thread: it runs the MLP whole, after the region
     try {
-      h.narrow(1, t * half, half).copy_(silu_and_mul(packed_product(x, gate_up[t])));
+      activate_half(x, gate_up[t], h, t);
       if (!phases.next(1)) return;
       outs[t] = packed_product(h, down[t]);
     } catch (...) {
@@ -151,7 +160,7 @@ at::Tensor split_mlp(const at::Tensor& x, const std::vector<at::Tensor>& gate_up
       throw;
     }
   });
-  if (!outs[0].defined()) return whole_mlp(x, gate_up, down);
+  if (!outs[0].defined()) return whole_mlp(x, gate_up, down, intermediate);
   return at::cat({outs[0], outs[1]}, 1);
 }
 
@@ -167,13 +176,13 @@ at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
               "two halves of each weight");
   TORCH_CHECK(intermediate % 2 == 0, "the intermediate size must be even");
   TORCH_CHECK(residual.size(1) % 2 == 0, "the hidden size must be even");
-  const int64_t T = attn.size(0), H = residual.size(1), half = intermediate / 2;
+  const int64_t T = attn.size(0), H = residual.size(1);
   const bool concurrent = !omp_in_parallel() && omp_get_max_threads() >= 2;
   const auto in_turn = [&](bool split_rows) {
     at::Tensor x = at::cat({packed_product(attn, o[0]), packed_product(attn, o[1])}, 1);
     add_rms_norm_(x, residual, norm_weight, eps);
     return split_rows ? split_mlp(x, gate_up, down, intermediate, false)
-                      : whole_mlp(x, gate_up, down);
+                      : whole_mlp(x, gate_up, down, intermediate);
   };
   // A prefill's rows keep both threads busy in each part's own parallel regions.
   if (!concurrent || !by_columns) return in_turn(concurrent);
@@ -196,7 +205,7 @@ at::Tensor split_layer_tail(const at::Tensor& attn, at::Tensor& residual,
         add_rms_norm_(x_rows, residual_rows, norm_weight, eps);
       }
       if (!phases.next(2)) return;
-      h.narrow(1, t * half, half).copy_(silu_and_mul(packed_product(x, gate_up[t])));
+      activate_half(x, gate_up[t], h, t);
       if (!phases.next(3)) return;
       outs[t] = packed_product(h, down[t]);
     } catch (...) {
