@@ -8,8 +8,9 @@ the dense copy so results can also be checked against naive attention.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +142,25 @@ def ragged_specs() -> dict[int, list[tuple[int, int]]]:
 @pytest.fixture
 def tolerances() -> dict[torch.dtype, dict[str, float]]:
     return TOLERANCES
+
+
+def _has_avx512() -> bool:
+    try:
+        return " avx512f " in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.fixture(params=["avx512", "avx2"])
+def cpu_isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The CPU kernels' AVX-512 paths (attention, RMSNorm and SiLU x mul) where the CPU has
+    them, and their AVX2 paths."""
+    if request.param == "avx512" and not _has_avx512():
+        pytest.skip("this CPU has no AVX-512")
+    from sluicegate.kernels import cpu_attention, cpu_ops
+
+    allow = request.param == "avx512"
+    previous = cpu_attention.allow_avx512(allow), cpu_ops.allow_avx512(allow)
+    yield request.param
+    cpu_attention.allow_avx512(previous[0])
+    cpu_ops.allow_avx512(previous[1])

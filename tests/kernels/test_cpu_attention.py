@@ -3,9 +3,6 @@ attention, for float32, bfloat16 and float16 caches."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -17,24 +14,6 @@ pytestmark = pytest.mark.skipif(
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def _has_avx512() -> bool:
-    try:
-        return " avx512f " in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-@pytest.fixture(params=["avx512", "avx2"])
-def decode_isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The attention kernels' AVX-512 paths (decode and prefill) where the CPU has them, and
-    their AVX2 paths."""
-    if request.param == "avx512" and not _has_avx512():
-        pytest.skip("this CPU has no AVX-512")
-    previous = cpu_attention.allow_avx512(request.param == "avx512")
-    yield request.param
-    cpu_attention.allow_avx512(previous)
 
 
 def _assert_matches_reference(case, tolerances) -> torch.Tensor:
@@ -73,7 +52,7 @@ def _assert_matches_reference(case, tolerances) -> torch.Tensor:
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_ragged_batch_matches_reference(
-    decode_isa,
+    cpu_isa,
     make_paged_case,
     ragged_specs,
     tolerances,
@@ -92,7 +71,7 @@ def test_ragged_batch_matches_reference(
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_all_decode_batch_matches_naive_attention(
-    decode_isa, make_paged_case, naive_attention, tolerances, block_size, dtype
+    cpu_isa, make_paged_case, naive_attention, tolerances, block_size, dtype
 ) -> None:
     # Every request one query (the step the kernel takes whole), lengths on and off block
     # boundaries, one of a single token.
@@ -108,7 +87,7 @@ def test_all_decode_batch_matches_naive_attention(
 )
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_spans_of_kv_heads_match_naive_attention(
-    decode_isa,
+    cpu_isa,
     make_paged_case,
     naive_attention,
     tolerances,
@@ -161,7 +140,7 @@ def test_other_dtypes_take_the_reference(make_paged_case, ragged_specs) -> None:
 )
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_prefills_match_naive_attention(
-    decode_isa,
+    cpu_isa,
     make_paged_case,
     naive_attention,
     tolerances,

@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,24 +33,6 @@ LOOSE = {
 }
 
 
-def _has_avx512() -> bool:
-    try:
-        return " avx512f " in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
-@pytest.fixture(params=["avx512", "avx2"])
-def layer_isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """RMSNorm's and SiLU x mul's AVX-512 rows (16-bit dtypes) where the CPU has AVX-512, and
-    their AVX2 rows."""
-    if request.param == "avx512" and not _has_avx512():
-        pytest.skip("this CPU has no AVX-512")
-    previous = cpu_ops.allow_avx512(request.param == "avx512")
-    yield request.param
-    cpu_ops.allow_avx512(previous)
-
-
 def _norm(size: int, seed: int, dtype: torch.dtype = torch.float32) -> RMSNorm:
     norm = RMSNorm(size, 1e-6)
     with torch.no_grad():
@@ -68,7 +47,7 @@ def _randn(*shape: int, dtype: torch.dtype, seed: int = 0, scale: float = 1.0) -
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rows", [1, 7, 22, 300])
-def test_rms_norm(layer_isa: str, rows: int, dtype: torch.dtype) -> None:
+def test_rms_norm(cpu_isa: str, rows: int, dtype: torch.dtype) -> None:
     # RMSNorm's reference rounds to the dtype before the weight and after it; so does the
     # kernel, computing in float32 between.
     norm = _norm(96, rows, dtype)
@@ -88,7 +67,7 @@ def test_rms_norm(layer_isa: str, rows: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_add_rms_norm_updates_both_in_place(layer_isa: str, dtype: torch.dtype) -> None:
+def test_add_rms_norm_updates_both_in_place(cpu_isa: str, dtype: torch.dtype) -> None:
     norm = _norm(68, 3, dtype)
     x, residual = _randn(9, 68, dtype=dtype, seed=1), _randn(9, 68, dtype=dtype, seed=2)
     expected_sum = residual + x
@@ -101,7 +80,7 @@ def test_add_rms_norm_updates_both_in_place(layer_isa: str, dtype: torch.dtype) 
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_rms_norm_module_takes_the_same_path_either_way(layer_isa: str, dtype: torch.dtype) -> None:
+def test_rms_norm_module_takes_the_same_path_either_way(cpu_isa: str, dtype: torch.dtype) -> None:
     norm = _norm(32, 4, dtype)
     x, residual = _randn(5, 32, dtype=dtype, seed=1), _randn(5, 32, dtype=dtype, seed=2)
     with torch.inference_mode():
@@ -112,7 +91,7 @@ def test_rms_norm_module_takes_the_same_path_either_way(layer_isa: str, dtype: t
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("rows", [1, 22, 500])
-def test_silu_and_mul(layer_isa: str, rows: int, dtype: torch.dtype) -> None:
+def test_silu_and_mul(cpu_isa: str, rows: int, dtype: torch.dtype) -> None:
     x = _randn(rows, 2 * 88, dtype=dtype, seed=rows, scale=4)
     gate, up = x.split(88, dim=-1)
     out = cpu_ops.silu_and_mul(x)
@@ -130,7 +109,7 @@ def test_silu_and_mul(layer_isa: str, rows: int, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_silu_and_mul_past_exps_range(layer_isa: str, dtype: torch.dtype) -> None:
+def test_silu_and_mul_past_exps_range(cpu_isa: str, dtype: torch.dtype) -> None:
     # Gates whose exp overflows or underflows float32 (silu -0 or the gate itself), infinity
     # and NaN, 16 of them (one whole vector) and the same again in a row's tail.
     edges = [-1e4, -200.0, -104.5, -89.0, -88.5, -87.0, -20.0, -0.0]

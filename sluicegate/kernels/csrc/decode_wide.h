@@ -10,18 +10,11 @@
 #include "decode_task.h"
 #include "dispatch.h"
 
-#include <atomic>
-
 #ifdef SG_VECTOR
 
 namespace sg::decode {
 
-inline std::atomic<bool> wide_allowed{true};
-
-inline bool wide_decode() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported && wide_allowed.load(std::memory_order_relaxed);
-}
+inline Avx512Path wide_path;
 
 // {sum(a), sum(b), sum(c), sum(d)}: one lane-summing tree for four dot products instead of
 // four (unpack pairs within 128-bit lanes, then add the four lanes).

@@ -47,7 +47,7 @@ constexpr float kExpLimit = 88.0f;
 template <typename T>
 bool wide(const T*) {
 #ifdef SG_VECTOR
-  return !std::is_same_v<T, float> && sg::layer_rows::wide_rows();
+  return !std::is_same_v<T, float> && sg::layer_rows::wide_path.on();
 #else
   return false;
 #endif
@@ -256,7 +256,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
 
 bool layer_ops_allow_avx512(bool allow) {
 #ifdef SG_VECTOR
-  return sg::layer_rows::wide_allowed.exchange(allow);
+  return sg::layer_rows::wide_path.allow(allow);
 #else
   return false;
 #endif

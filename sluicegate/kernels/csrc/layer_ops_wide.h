@@ -8,21 +8,16 @@
 #pragma once
 
 #include "convert.h"
+#include "dispatch.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 
 #ifdef SG_VECTOR
 
 namespace sg::layer_rows {
 
-inline std::atomic<bool> wide_allowed{true};
-
-inline bool wide_rows() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported && wide_allowed.load(std::memory_order_relaxed);
-}
+inline Avx512Path wide_path;
 
 template <typename T>
 inline float rounded(float x) {

@@ -55,15 +55,10 @@ constexpr int64_t kGroupBytes = 1 << 20;  // panels per group: this much weight,
 constexpr int64_t kRunPanels = 8;  // panels per work item when all rows are one block
 constexpr size_t kHugePage = size_t(2) << 20;
 
-std::atomic<bool> wide_allowed{true};
-
-bool wide_supported() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported;
-}
+sg::Avx512Path wide_path;
 
 // Rows per tile on this CPU: AVX-512's 12 where it has it (and tests have not turned it off).
-int64_t tile_height() { return wide_supported() && wide_allowed.load() ? kWideRows : kRows; }
+int64_t tile_height() { return wide_path.on() ? kWideRows : kRows; }
 
 template <typename P>
 void any_tile_rows(int64_t height, const float* A, int64_t lda, int64_t rows, const P* panel,
@@ -189,7 +184,7 @@ void gated_panel_rows(int64_t height, const float* A, int64_t lda, int64_t M, co
 
 std::string packed_linear_isa() { return tile_height() == kWideRows ? "avx512" : "avx2"; }
 
-bool packed_linear_allow_avx512(bool allow) { return wide_allowed.exchange(allow); }
+bool packed_linear_allow_avx512(bool allow) { return wide_path.allow(allow); }
 
 at::Tensor pack_linear_weight(const at::Tensor& weight, bool gated) {
   TORCH_CHECK(weight.device().is_cpu() && sg::is_element(weight.scalar_type()) &&

@@ -184,7 +184,7 @@ void decode_all(const Q* qp, int64_t q_stride, const T* kp, const T* vp, const i
   const int64_t group = num_heads / num_kv_heads, row = num_kv_heads * head_dim;
 #ifdef SG_VECTOR
   const bool vector = head_dim % 8 == 0;
-  const bool wide = head_dim % 16 == 0 && wide_decode();
+  const bool wide = head_dim % 16 == 0 && wide_path.on();
 #endif
   // A task takes a span of a request's KV heads (all of them where there are requests enough
   // to keep every thread busy): the wide path then reads each token's row once, whole.
@@ -247,7 +247,7 @@ void decode_all(const Q* qp, int64_t q_stride, const T* kp, const T* vp, const i
 
 bool paged_decode_allow_avx512(bool allow) {
 #ifdef SG_VECTOR
-  return sg::decode::wide_allowed.exchange(allow);
+  return sg::decode::wide_path.allow(allow);
 #else
   return false;
 #endif

@@ -184,7 +184,7 @@ bool paged_prefill_supported(int64_t head_dim, int64_t block_size) {
   return head_dim % 16 == 0 && block_size % kKeys == 0;
 }
 
-bool paged_prefill_allow_avx512(bool allow) { return sg::prefill::wide_allowed.exchange(allow); }
+bool paged_prefill_allow_avx512(bool allow) { return sg::prefill::wide_path.allow(allow); }
 
 void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -226,7 +226,7 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   // infinities); weight() turns them into exactly 0.
 
   // Score vectors of 16 rows on AVX-512 (csrc/prefill_wide.h), else of 8.
-  const bool wide = sg::prefill::wide_prefill();
+  const bool wide = sg::prefill::wide_path.on();
   const int64_t lanes = wide ? sg::prefill::kWideLanes : kLanes;
 
   // Tasks: (request, KV head, tile of positions), listed once up front.

@@ -9,19 +9,13 @@
 #include "convert.h"
 #include "dispatch.h"
 
-#include <atomic>
 #include <cstdint>
 
 #ifdef SG_VECTOR
 
 namespace sg::prefill {
 
-inline std::atomic<bool> wide_allowed{true};
-
-inline bool wide_prefill() {
-  static const bool supported = __builtin_cpu_supports("avx512f");
-  return supported && wide_allowed.load(std::memory_order_relaxed);
-}
+inline Avx512Path wide_path;
 
 constexpr int64_t kWideLanes = 16;
 constexpr int64_t kWideRows = 6;
