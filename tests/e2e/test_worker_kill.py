@@ -28,8 +28,8 @@ DEADLINE_S = 60.0
 VICTIM_ID = "e2e-kill-victim"
 
 
-async def _stream_one(client: Any, model: str, prompt: str, shown: dict[str, int]) -> dict:
-    """One streamed request; ``shown[request id]`` counts the chunks with text seen so far."""
+async def _stream_one(client: Any, model: str, prompt: str) -> dict:
+    """One streamed request."""
     result: dict[str, Any] = {"text": "", "error": None, "finish": None, "started": False}
     began = time.monotonic()
     try:
@@ -42,15 +42,13 @@ async def _stream_one(client: Any, model: str, prompt: str, shown: dict[str, int
             extra_body={"ignore_eos": True},
             stream_options={"include_usage": True},
         )
-        request_id = result["request_id"] = raw.headers["x-request-id"]
-        shown[request_id] = 0
+        result["request_id"] = raw.headers["x-request-id"]
         async for chunk in raw.parse():
             if chunk.usage is not None:
                 result["usage"] = chunk.usage
             for choice in chunk.choices:
                 text = choice.delta.content or ""
                 result["started"] = result["started"] or bool(text)
-                shown[request_id] += bool(text)
                 result["text"] += text
                 result["finish"] = choice.finish_reason or result["finish"]
     except Exception as exc:
@@ -63,20 +61,19 @@ def _prompt(i: int) -> str:
     return f"Story number {i} about a river."
 
 
-async def _victim_mid_stream(
-    redis_url: str, model: str, victim_id: str, shown: dict[str, int]
-) -> None:
+async def _victim_mid_stream(redis_url: str, model: str, victim_id: str) -> None:
     """Until the victim holds a request that has streamed text and is far from finished.
 
     Its ``started`` key alone is not enough: it outlives the request, and on a quiet machine
     the tiny model may finish all of the victim's requests before the kill lands; nor is its
-    entry being pending, which it stays until the reply's last write."""
+    entry being pending, which it stays until the reply's last write; nor what the clients
+    have seen, which may lag hundreds of tokens behind the engine."""
     client = aioredis.Redis.from_url(redis_url)
     streams = [redis_names.request_stream(model), redis_names.worker_stream(model, victim_id)]
     try:
         while True:
             for stream in streams:
-                if await _holds_started_request(client, stream, model, victim_id, shown):
+                if await _holds_started_request(client, stream, model, victim_id):
                     return
             await asyncio.sleep(0.01)
     finally:
@@ -84,7 +81,7 @@ async def _victim_mid_stream(
 
 
 async def _holds_started_request(
-    client: aioredis.Redis, stream: str, model: str, victim_id: str, shown: dict[str, int]
+    client: aioredis.Redis, stream: str, model: str, victim_id: str
 ) -> bool:
     try:
         pending = await client.xpending_range(
@@ -96,16 +93,30 @@ async def _holds_started_request(
         for _, fields in await client.xrange(stream, entry["message_id"], entry["message_id"]):
             message = protocol.decode(fields[redis_names.MESSAGE_FIELD])
             started_by = await client.get(redis_names.started_key(model, message.request_id))
-            # Its client has seen under half the tokens: the rest take the victim far longer
-            # than the relay lags behind it and the kill takes to land. Not 10 ms: this loop
-            # shares its event loop with twenty SSE clients and the machine with two workers
-            # and a gateway, and was seen to look again only 650 ms later (when the tiny
-            # model had streamed 141 tokens), hence MAX_TOKENS of 512.
-            if started_by == victim_id.encode() and shown.get(message.request_id, 0) < (
-                MAX_TOKENS // 2
-            ):
+            if started_by != victim_id.encode():
+                continue
+            # Under half the tokens written by the engine itself: the rest take the victim far
+            # longer than this loop takes to look again and the kill to land. Not 10 ms: this
+            # loop shares its event loop with twenty SSE clients and the machine with two
+            # workers and a gateway, and was seen to look again only 650 ms later (when the
+            # tiny model had streamed 141 tokens), hence MAX_TOKENS of 512.
+            produced = await _produced(client, message.reply_key())
+            if produced is not None and produced < MAX_TOKENS // 2:
                 return True
     return False
+
+
+async def _produced(client: aioredis.Redis, reply_stream: str) -> int | None:
+    """Output tokens in the engine's latest reply on ``reply_stream``; None before its first
+    or after its last."""
+    latest = await client.xrevrange(reply_stream, count=1)
+    if not latest:
+        return None
+    message = protocol.decode(latest[0][1][redis_names.MESSAGE_FIELD])
+    last = message.messages[-1] if isinstance(message, protocol.Batch) else message
+    if not isinstance(last, protocol.Delta) or last.finish_reason is not None:
+        return None
+    return last.produced
 
 
 async def _victim_holds_nothing(redis_url: str, model: str) -> bool:
@@ -127,16 +138,14 @@ async def _victim_holds_nothing(redis_url: str, model: str) -> bool:
 
 async def _run(gateway: Any, model: str, victim: Any, redis_url: str) -> list[dict]:
     client = gateway.async_openai(max_retries=0, timeout=DEADLINE_S)
-    shown: dict[str, int] = {}
     tasks = [
-        asyncio.create_task(_stream_one(client, model, _prompt(i), shown))
-        for i in range(NUM_REQUESTS)
+        asyncio.create_task(_stream_one(client, model, _prompt(i))) for i in range(NUM_REQUESTS)
     ]
     # Watched from the first request on: the tiny model finishes a request in well under a
     # second, so the kill must land while one of the victim's requests is mid-way; with eight
     # slots for twenty requests, others are then still waiting to start.
     async with asyncio.timeout(DEADLINE_S):
-        await _victim_mid_stream(redis_url, model, VICTIM_ID, shown)
+        await _victim_mid_stream(redis_url, model, VICTIM_ID)
     victim.popen.send_signal(signal.SIGKILL)
     async with asyncio.timeout(DEADLINE_S + 30):
         return await asyncio.gather(*tasks)
