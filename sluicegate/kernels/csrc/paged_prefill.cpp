@@ -21,7 +21,10 @@
 // rows, eight lanes at a time; the weighted values are then added as rows x keys x
 // head_dim. A chunk's keys and values are widened to float32 once, contiguously. Only key
 // chunks a row can see are computed; the chunk on the diagonal is masked. On CPUs with AVX-512
-// the scores and weighted values take 16 rows a vector (csrc/prefill_wide.h). Needs AVX2 with
+// the scores and weighted values take 16 rows a vector (csrc/prefill_wide.h), and so does the
+// online softmax, each row vector's 16 scores held in registers through one pass with an
+// inline exp (the AVX2 path makes three passes over the scores and calls glibc's vector expf,
+// together more time than either tile there). Needs AVX2 with
 // FMA, head_dim and block_size multiples of 16: paged_prefill_supported() says whether a
 // shape runs here (else the caller keeps the reference).
 #include <ATen/ATen.h>
@@ -285,15 +288,21 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
           const int64_t keys = std::min(kKeys, seq_len - k0);
           const int64_t block = table[k0 / block_size];
           const int64_t slot0 = block * block_size + k0 % block_size;
-          for (int64_t t = 0; t < kKeys; ++t) {
-            float* key = s.keys.data() + t * D;
-            float* value = s.values.data() + t * D;
-            if (t < keys) {
-              sg::load_row(kp + (slot0 + t) * row + w.kvh * D, key, D);
-              sg::load_row(vp + (slot0 + t) * row + w.kvh * D, value, D);
-            } else {
-              std::fill(key, key + D, 0.0f);
-              std::fill(value, value + D, 0.0f);
+          if (wide) {
+            sg::prefill::wide_load_chunk(kp + slot0 * row + w.kvh * D,
+                                         vp + slot0 * row + w.kvh * D, row, D, keys,
+                                         s.keys.data(), s.values.data());
+          } else {
+            for (int64_t t = 0; t < kKeys; ++t) {
+              float* key = s.keys.data() + t * D;
+              float* value = s.values.data() + t * D;
+              if (t < keys) {
+                sg::load_row(kp + (slot0 + t) * row + w.kvh * D, key, D);
+                sg::load_row(vp + (slot0 + t) * row + w.kvh * D, value, D);
+              } else {
+                std::fill(key, key + D, 0.0f);
+                std::fill(value, value + D, 0.0f);
+              }
             }
           }
           if (wide) {
@@ -306,30 +315,36 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
           // the first chunk each peak is a real score.
           float* peak = s.peak.data();
           float* rescale = s.rescale.data();
-          const int32_t* last_key = s.last_key.data();
-          std::copy(peak, peak + padded, rescale);  // the old peaks, for now
-          const float row_scale = fscale;
-          for (int64_t t = 0; t < kKeys; ++t) {
-            float* sc = s.scores.data() + t * padded;
-            if (t >= keys) {  // past the chunk's end: masked for every row
-              std::fill(sc, sc + padded, kMasked);
-              continue;
-            }
-            const int32_t key = static_cast<int32_t>(k0 + t);
-            scale_and_mask(sc, last_key, key, row_scale, peak, padded);
-          }
           float* total = s.total.data();
-    #pragma omp simd
-          for (int64_t r = 0; r < padded; ++r) {
-            rescale[r] = weight(rescale[r] - peak[r]);
-            total[r] *= rescale[r];
-          }
-          for (int64_t t = 0; t < kKeys; ++t) {
-            float* sc = s.scores.data() + t * padded;
+          const int32_t* last_key = s.last_key.data();
+          if (wide) {
+            sg::prefill::wide_softmax(s.scores.data(), padded, keys, last_key,
+                                      static_cast<int32_t>(k0), fscale, kMasked, kNegligible,
+                                      peak, rescale, total);
+          } else {
+            std::copy(peak, peak + padded, rescale);  // the old peaks, for now
+            const float row_scale = fscale;
+            for (int64_t t = 0; t < kKeys; ++t) {
+              float* sc = s.scores.data() + t * padded;
+              if (t >= keys) {  // past the chunk's end: masked for every row
+                std::fill(sc, sc + padded, kMasked);
+                continue;
+              }
+              const int32_t key = static_cast<int32_t>(k0 + t);
+              scale_and_mask(sc, last_key, key, row_scale, peak, padded);
+            }
     #pragma omp simd
             for (int64_t r = 0; r < padded; ++r) {
-              sc[r] = weight(sc[r] - peak[r]);
-              total[r] += sc[r];
+              rescale[r] = weight(rescale[r] - peak[r]);
+              total[r] *= rescale[r];
+            }
+            for (int64_t t = 0; t < kKeys; ++t) {
+              float* sc = s.scores.data() + t * padded;
+    #pragma omp simd
+              for (int64_t r = 0; r < padded; ++r) {
+                sc[r] = weight(sc[r] - peak[r]);
+                total[r] += sc[r];
+              }
             }
           }
           (wide ? sg::prefill::wide_chunk_values : chunk_values)(

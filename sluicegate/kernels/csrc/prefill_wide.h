@@ -3,11 +3,14 @@
 // AVX2-only CPUs). The same tiles as the AVX2 ones on 16-float registers: a score vector holds
 // 16 rows of the task (the rows padded to 16), and a value tile takes up to 64 dimensions of
 // six rows at a time. Each sum runs over d (scores) or over the chunk's keys (values) in the
-// same order as on AVX2; only the lanes differ.
+// same order as on AVX2; only the lanes differ. The chunk's widening and its online softmax
+// run here too, 16 lanes at a time; the softmax's exp is exp16's polynomial, not glibc's
+// expf, so weights may differ from the AVX2 path's in their last bit.
 #pragma once
 
 #include "convert.h"
 #include "dispatch.h"
+#include "exp16.h"
 
 #include <cstdint>
 
@@ -19,6 +22,25 @@ inline Avx512Path wide_path;
 
 constexpr int64_t kWideLanes = 16;
 constexpr int64_t kWideRows = 6;
+
+// A chunk's 16 keys and values widened to float32 into key_rows and value_rows ([16][D]
+// each, D a multiple of 16): the first ``keys`` from cache rows ``stride`` elements apart
+// starting at k and v, the rest zero.
+template <typename T>
+__attribute__((target("avx512f"))) inline void wide_load_chunk(const T* k, const T* v,
+                                                               int64_t stride, int64_t D,
+                                                               int64_t keys, float* key_rows,
+                                                               float* value_rows) {
+  for (int64_t t = 0; t < 16; ++t) {
+    float* key = key_rows + t * D;
+    float* value = value_rows + t * D;
+    for (int64_t d = 0; d < D; d += kWideLanes) {
+      const bool held = t < keys;
+      _mm512_storeu_ps(key + d, held ? load16(k + t * stride + d) : _mm512_setzero_ps());
+      _mm512_storeu_ps(value + d, held ? load16(v + t * stride + d) : _mm512_setzero_ps());
+    }
+  }
+}
 
 // scores[t][r0 .. r0 + 16 V) = sum over d of keys[t][d] * qt[d][r0 ..] for four keys.
 template <int V>
@@ -125,6 +147,55 @@ inline void wide_chunk_values(const float* p, int64_t padded, const float* resca
       wide_value_rows<decltype(c)::value>(p, padded, rescale, values + d0, D, keys, rows,
                                           out + d0);
     });
+  }
+}
+
+// The online softmax over one chunk's scores ([16 keys][padded rows], padded a multiple of
+// 16), the AVX2 path's steps on 16 rows at a time with each row's scores held in registers:
+// scaled, ``masked`` past the row's last key, the row's peak raised to the chunk's; then
+// rescale[r] the weight of the old peak against the new one, total[r] rescaled, and each of
+// the chunk's first ``keys`` scores turned into its weight and added to total[r] in key order.
+// A weight is exp(x - peak), 0 at or below ``negligible``. Scores of keys past the chunk's end
+// are left as they are: the value tiles read only the first ``keys``.
+__attribute__((target("avx512f"))) inline void wide_softmax(float* scores, int64_t padded,
+                                                            int64_t keys,
+                                                            const int32_t* last_key,
+                                                            int32_t first_key, float scale,
+                                                            float masked, float negligible,
+                                                            float* peak, float* rescale,
+                                                            float* total) {
+  const __m512 factor = _mm512_set1_ps(scale), hidden_score = _mm512_set1_ps(masked);
+  const __m512 floor = _mm512_set1_ps(negligible);
+  const auto weight = [&](__m512 x) __attribute__((target("avx512f"))) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, floor, _CMP_GT_OQ),
+                               exp16(_mm512_max_ps(x, floor)));
+  };
+  for (int64_t r = 0; r < padded; r += kWideLanes) {
+    const __m512i last = _mm512_loadu_si512(last_key + r);
+    const __m512 old_peak = _mm512_loadu_ps(peak + r);
+    __m512 top = old_peak;
+    __m512 s[16];
+#pragma GCC unroll 16
+    for (int64_t t = 0; t < 16; ++t) {
+      if (t >= keys) break;
+      const __mmask16 hidden = _mm512_cmpgt_epi32_mask(_mm512_set1_epi32(first_key + t), last);
+      s[t] = _mm512_mask_blend_ps(hidden, _mm512_mul_ps(_mm512_loadu_ps(scores + t * padded + r),
+                                                        factor),
+                                  hidden_score);
+      top = _mm512_max_ps(top, s[t]);
+    }
+    const __m512 kept = weight(_mm512_sub_ps(old_peak, top));
+    __m512 sum = _mm512_mul_ps(_mm512_loadu_ps(total + r), kept);
+#pragma GCC unroll 16
+    for (int64_t t = 0; t < 16; ++t) {
+      if (t >= keys) break;
+      const __m512 w = weight(_mm512_sub_ps(s[t], top));
+      _mm512_storeu_ps(scores + t * padded + r, w);
+      sum = _mm512_add_ps(sum, w);
+    }
+    _mm512_storeu_ps(peak + r, top);
+    _mm512_storeu_ps(rescale + r, kept);
+    _mm512_storeu_ps(total + r, sum);
   }
 }
 
