@@ -23,8 +23,8 @@
 // chunks a row can see are computed; the chunk on the diagonal is masked. On CPUs with AVX-512
 // the scores and weighted values take 16 rows a vector (csrc/prefill_wide.h), and so does the
 // online softmax, each row vector's 16 scores held in registers through one pass with an
-// inline exp (the AVX2 path makes three passes over the scores and calls glibc's vector expf,
-// together more time than either tile there). Needs AVX2 with
+// inline exp (the AVX2 path's three passes over the scores, calling glibc's vector expf, took
+// more time there than either tile). Needs AVX2 with
 // FMA, head_dim and block_size multiples of 16: paged_prefill_supported() says whether a
 // shape runs here (else the caller keeps the reference).
 #include <ATen/ATen.h>
@@ -176,6 +176,55 @@ void scale_and_mask(float* scores, const int32_t* last_key, int32_t key, float s
   }
 }
 
+// A chunk's 16 keys and values widened to float32 into key_rows and value_rows ([16][D]
+// each): the first ``keys`` from cache rows ``stride`` elements apart starting at k and v,
+// the rest zero.
+template <typename T>
+void load_chunk(const T* k, const T* v, int64_t stride, int64_t D, int64_t keys,
+                float* key_rows, float* value_rows) {
+  for (int64_t t = 0; t < kKeys; ++t) {
+    float* key = key_rows + t * D;
+    float* value = value_rows + t * D;
+    if (t < keys) {
+      sg::load_row(k + t * stride, key, D);
+      sg::load_row(v + t * stride, value, D);
+    } else {
+      std::fill(key, key + D, 0.0f);
+      std::fill(value, value + D, 0.0f);
+    }
+  }
+}
+
+// The online softmax over one chunk's scores ([16 keys][padded rows]): scaled, kMasked past
+// each row's last key (and for keys past the chunk's end), the row's peak raised to the
+// chunk's; rescale[r] the weight of the old peak against the new, total[r] rescaled, and each
+// score turned into its weight and added to total[r] in key order.
+void softmax_chunk(float* scores, int64_t padded, int64_t keys, const int32_t* last_key,
+                   int32_t first_key, float scale, float* peak, float* rescale, float* total) {
+  std::copy(peak, peak + padded, rescale);  // the old peaks, for now
+  for (int64_t t = 0; t < kKeys; ++t) {
+    float* sc = scores + t * padded;
+    if (t >= keys) {
+      std::fill(sc, sc + padded, kMasked);
+      continue;
+    }
+    scale_and_mask(sc, last_key, first_key + static_cast<int32_t>(t), scale, peak, padded);
+  }
+#pragma omp simd
+  for (int64_t r = 0; r < padded; ++r) {
+    rescale[r] = weight(rescale[r] - peak[r]);
+    total[r] *= rescale[r];
+  }
+  for (int64_t t = 0; t < kKeys; ++t) {
+    float* sc = scores + t * padded;
+#pragma omp simd
+    for (int64_t r = 0; r < padded; ++r) {
+      sc[r] = weight(sc[r] - peak[r]);
+      total[r] += sc[r];
+    }
+  }
+}
+
 struct Scratch {
   std::vector<float> qt, keys, values, scores, out, peak, total, rescale, query;
   std::vector<int32_t> last_key;
@@ -288,67 +337,32 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
           const int64_t keys = std::min(kKeys, seq_len - k0);
           const int64_t block = table[k0 / block_size];
           const int64_t slot0 = block * block_size + k0 % block_size;
-          if (wide) {
-            sg::prefill::wide_load_chunk(kp + slot0 * row + w.kvh * D,
-                                         vp + slot0 * row + w.kvh * D, row, D, keys,
-                                         s.keys.data(), s.values.data());
-          } else {
-            for (int64_t t = 0; t < kKeys; ++t) {
-              float* key = s.keys.data() + t * D;
-              float* value = s.values.data() + t * D;
-              if (t < keys) {
-                sg::load_row(kp + (slot0 + t) * row + w.kvh * D, key, D);
-                sg::load_row(vp + (slot0 + t) * row + w.kvh * D, value, D);
-              } else {
-                std::fill(key, key + D, 0.0f);
-                std::fill(value, value + D, 0.0f);
-              }
-            }
-          }
-          if (wide) {
-            sg::prefill::wide_chunk_scores(s.keys.data(), s.qt.data(), padded, D,
-                                           s.scores.data());
-          } else {
-            chunk_scores(s.keys.data(), s.qt.data(), padded, D, s.scores.data());
-          }
-          // Scaled and masked, then the chunk's peak per row; every row sees key 0, so after
-          // the first chunk each peak is a real score.
+          const T* chunk_k = kp + slot0 * row + w.kvh * D;
+          const T* chunk_v = vp + slot0 * row + w.kvh * D;
+          float* keys_f = s.keys.data();
+          float* values_f = s.values.data();
+          float* scores = s.scores.data();
+          const float* qt = s.qt.data();
+          // Every row sees key 0, so after the first chunk each row's peak is a real score.
           float* peak = s.peak.data();
           float* rescale = s.rescale.data();
           float* total = s.total.data();
           const int32_t* last_key = s.last_key.data();
+          const int32_t first_key = static_cast<int32_t>(k0);
           if (wide) {
-            sg::prefill::wide_softmax(s.scores.data(), padded, keys, last_key,
-                                      static_cast<int32_t>(k0), fscale, kMasked, kNegligible,
-                                      peak, rescale, total);
+            sg::prefill::wide_load_chunk(chunk_k, chunk_v, row, D, keys, keys_f, values_f);
+            sg::prefill::wide_chunk_scores(keys_f, qt, padded, D, scores);
+            sg::prefill::wide_softmax(scores, padded, keys, last_key, first_key, fscale,
+                                      kMasked, kNegligible, peak, rescale, total);
+            sg::prefill::wide_chunk_values(scores, padded, rescale, values_f, D, keys, rows,
+                                           s.out.data());
           } else {
-            std::copy(peak, peak + padded, rescale);  // the old peaks, for now
-            const float row_scale = fscale;
-            for (int64_t t = 0; t < kKeys; ++t) {
-              float* sc = s.scores.data() + t * padded;
-              if (t >= keys) {  // past the chunk's end: masked for every row
-                std::fill(sc, sc + padded, kMasked);
-                continue;
-              }
-              const int32_t key = static_cast<int32_t>(k0 + t);
-              scale_and_mask(sc, last_key, key, row_scale, peak, padded);
-            }
-    #pragma omp simd
-            for (int64_t r = 0; r < padded; ++r) {
-              rescale[r] = weight(rescale[r] - peak[r]);
-              total[r] *= rescale[r];
-            }
-            for (int64_t t = 0; t < kKeys; ++t) {
-              float* sc = s.scores.data() + t * padded;
-    #pragma omp simd
-              for (int64_t r = 0; r < padded; ++r) {
-                sc[r] = weight(sc[r] - peak[r]);
-                total[r] += sc[r];
-              }
-            }
+            load_chunk(chunk_k, chunk_v, row, D, keys, keys_f, values_f);
+            chunk_scores(keys_f, qt, padded, D, scores);
+            softmax_chunk(scores, padded, keys, last_key, first_key, fscale, peak, rescale,
+                          total);
+            chunk_values(scores, padded, rescale, values_f, D, keys, rows, s.out.data());
           }
-          (wide ? sg::prefill::wide_chunk_values : chunk_values)(
-              s.scores.data(), padded, rescale, s.values.data(), D, keys, rows, s.out.data());
         }
         for (int64_t j = 0; j < positions; ++j) {
           for (int64_t g = 0; g < group; ++g) {
