@@ -1,5 +1,5 @@
-"""Paged attention on the CPU with compiled kernels: ``csrc/paged_decode.cpp`` for one-query
-rows, ``csrc/paged_prefill.cpp`` for requests with several queries (prompts and their chunks).
+"""Paged attention on the CPU with compiled kernels: ``csrc/attention/paged_decode.cpp`` for one-query
+rows, ``csrc/attention/paged_prefill.cpp`` for requests with several queries (prompts and their chunks).
 
 The torch reference (``sluicegate.kernels.reference``) gathers every request's blocks into a contiguous
 fp32 copy and runs SDPA over it; on a CPU those copies are most of the attention time. The

@@ -24,14 +24,15 @@ logger = logging.getLogger(__name__)
 
 _SOURCES = (
     "module.cpp",
-    "paged_decode.cpp",
-    "paged_prefill.cpp",
-    "packed_linear.cpp",
-    "pair_linear.cpp",
     "layer_ops.cpp",
-    "quant_dequant.cpp",
-    "split_mlp.cpp",
+    "attention/paged_decode.cpp",
+    "attention/paged_prefill.cpp",
+    "linear/packed_linear.cpp",
+    "linear/pair_linear.cpp",
+    "linear/quant_dequant.cpp",
+    "linear/split_mlp.cpp",
 )
+"""Relative to ``csrc/``: the shared headers at its top, each stage's kernels in a folder."""
 _CSRC = Path(__file__).parent / "csrc"
 
 
@@ -53,11 +54,11 @@ def _cpu_flags() -> tuple[str, list[str]]:
 
 
 def _sources_digest() -> str:
-    """Of every file in csrc/: torch's loader rebuilds when a source changes but not when
+    """Of every file under csrc/: torch's loader rebuilds when a source changes but not when
     only a header does, so the digest names the build."""
     digest = hashlib.sha256()
-    for path in sorted(_CSRC.iterdir()):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(p for p in _CSRC.rglob("*") if p.is_file()):
+        digest.update(path.relative_to(_CSRC).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:10]
 
 
@@ -111,6 +112,8 @@ def extension() -> ModuleType | None:
                 # -fopenmp: at::parallel_for is inline OpenMP, serial in code built without it.
                 extra_cflags=["-O3", "-ffast-math", "-fopenmp", *flags],
                 extra_ldflags=["-fopenmp"],
+                # The shared headers (convert.h, dispatch.h, ...) from every stage's folder.
+                extra_include_paths=[str(_CSRC)],
                 build_directory=str(directory),
             )
     except Exception as exc:  # no compiler, no headers: the torch paths serve instead

@@ -1,4 +1,4 @@
-"""Linears on the CPU through the compiled packed-weight product (``csrc/packed_linear.cpp``);
+"""Linears on the CPU through the compiled packed-weight product (``csrc/linear/packed_linear.cpp``);
 ``torch.nn.functional.linear`` is its reference.
 
 A decode step multiplies a few tens of rows by every weight of the model, so it streams all

@@ -1,4 +1,4 @@
-"""Bfloat16 linears on the CPU with its bfloat16 dot products (``csrc/pair_linear.cpp``:
+"""Bfloat16 linears on the CPU with its bfloat16 dot products (``csrc/linear/pair_linear.cpp``:
 AVX512_BF16's ``vdpbf16ps``, two multiply-adds of bfloat16 pairs an instruction);
 ``torch.nn.functional.linear`` is its reference.
 

@@ -1,4 +1,4 @@
-"""Quantized weight rows dequantized to float32 in one C++ pass (``csrc/quant_dequant.cpp``):
+"""Quantized weight rows dequantized to float32 in one C++ pass (``csrc/linear/quant_dequant.cpp``):
 the same arithmetic, bit for bit, as the torch code of
 ``sluicegate.engine.models.quant.linear.QuantizedLinear.dequantize``, which stays the path for
 act-order checkpoints, other devices, a forward being compiled, and machines without the

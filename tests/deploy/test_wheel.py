@@ -67,6 +67,10 @@ def test_the_wheel_installs_only_the_sluicegate_import_name(wheel: Path) -> None
         "sluicegate/gateway/ui/templates/",
     ):
         assert any(name.startswith(needed) for name in names), needed
+    # Every C++ source and header, the stage folders' included: the kernels build from them.
+    csrc = REPO / "sluicegate" / "kernels" / "csrc"
+    sources = {p.relative_to(REPO).as_posix() for p in csrc.rglob("*") if p.is_file()}
+    assert sources - set(names) == set()
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert (
         "sluicegate = sluicegate.gateway.cli:main"

@@ -24,7 +24,7 @@ from sluicegate.engine.models.layers import GatedMLP
 from sluicegate.engine.models.llama import LlamaForCausalLM
 from sluicegate.kernels import cpu_ops
 
-# Output columns per panel of the packed CPU product (csrc/packed_linear.cpp's kCols).
+# Output columns per panel of the packed CPU product (csrc/linear/packed_linear.cpp's kCols).
 _PANEL = 16
 
 # The projections LoRA is served on, by our module's last name.

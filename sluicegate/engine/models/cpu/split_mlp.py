@@ -1,5 +1,5 @@
 """A 16-bit gated MLP on the CPU as two column halves on two threads in one parallel region
-(``csrc/split_mlp.cpp``), instead of oneDNN's gate/up product, SiLU x mul and down product
+(``csrc/linear/split_mlp.cpp``), instead of oneDNN's gate/up product, SiLU x mul and down product
 each choosing its threads.
 
 A decode step's products stream their weights from memory at about one core's bandwidth per
@@ -124,7 +124,7 @@ def _pairs_take(dtype: torch.dtype, *widths: int) -> bool:
 
 
 class SplitLayerTail(nn.Module):
-    """A decoder layer after its attention (``csrc/split_mlp.cpp``, ``split_layer_tail``): the
+    """A decoder layer after its attention (``csrc/linear/split_mlp.cpp``, ``split_layer_tail``): the
     output projection by column halves, the residual add and RMSNorm by row halves, then the
     gated MLP as ``SplitMLP``, on two threads in one parallel region (one wake-up where the
     unsplit layer pays one for the MLP alone and runs the output projection on one thread).

@@ -21,7 +21,7 @@
 // rows, eight lanes at a time; the weighted values are then added as rows x keys x
 // head_dim. A chunk's keys and values are widened to float32 once, contiguously. Only key
 // chunks a row can see are computed; the chunk on the diagonal is masked. On CPUs with AVX-512
-// the scores and weighted values take 16 rows a vector (csrc/prefill_wide.h), and so does the
+// the scores and weighted values take 16 rows a vector (csrc/attention/prefill_wide.h), and so does the
 // online softmax, each row vector's 16 scores held in registers through one pass with an
 // inline exp (the AVX2 path's three passes over the scores, calling glibc's vector expf, took
 // more time there than either tile). Needs AVX2 with
@@ -277,7 +277,7 @@ void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Ten
   // Masked scores (kMasked): a finite stand-in for minus infinity (-ffast-math assumes no
   // infinities); weight() turns them into exactly 0.
 
-  // Score vectors of 16 rows on AVX-512 (csrc/prefill_wide.h), else of 8.
+  // Score vectors of 16 rows on AVX-512 (csrc/attention/prefill_wide.h), else of 8.
   const bool wide = sg::prefill::wide_path.on();
   const int64_t lanes = wide ? sg::prefill::kWideLanes : kLanes;
 

@@ -1,5 +1,5 @@
 // y = x @ W^T (+ bias) on the CPU, x float32, W packed once into 16-column panels of its
-// own dtype (float32, bfloat16 or float16: csrc/packed_tiles.h widens 16-bit panels in
+// own dtype (float32, bfloat16 or float16: csrc/linear/packed_tiles.h widens 16-bit panels in
 // registers), float32 accumulators and output.
 //
 // Decode steps multiply a few tens of rows by every weight of the model, so each step streams

@@ -1,4 +1,4 @@
-// The CPU prefill kernel's AVX-512 tiles (csrc/paged_prefill.cpp picks them at run time where
+// The CPU prefill kernel's AVX-512 tiles (csrc/attention/paged_prefill.cpp picks them at run time where
 // the CPU has AVX-512; compiled for avx512f by attribute, so the extension still loads on
 // AVX2-only CPUs). The same tiles as the AVX2 ones on 16-float registers: a score vector holds
 // 16 rows of the task (the rows padded to 16), and a value tile takes up to 64 dimensions of

@@ -1,4 +1,4 @@
-// What the CPU decode kernels share (csrc/paged_decode.cpp, csrc/decode_wide.h): one task per
+// What the CPU decode kernels share (csrc/attention/paged_decode.cpp, csrc/attention/decode_wide.h): one task per
 // request and span of its KV heads, its cache rows found through per-token offsets, and the
 // float32 softmax.
 #pragma once

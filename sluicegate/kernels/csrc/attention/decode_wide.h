@@ -1,4 +1,4 @@
-// The CPU decode kernel's AVX-512 path (csrc/paged_decode.cpp picks it at run time where the
+// The CPU decode kernel's AVX-512 path (csrc/attention/paged_decode.cpp picks it at run time where the
 // CPU has AVX-512 and head_dim is a multiple of 16; compiled for avx512f by attribute, so the
 // extension still loads on AVX2-only CPUs). Per task (a request's span of KV heads): scores of
 // four keys by up to four query heads at a time on 16-float registers, summed across lanes four

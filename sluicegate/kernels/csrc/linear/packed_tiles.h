@@ -1,4 +1,4 @@
-// The packed linear's register tiles (csrc/packed_linear.cpp): rows of x times one or two
+// The packed linear's register tiles (csrc/linear/packed_linear.cpp): rows of x times one or two
 // 16-column weight panels over all of K, float32 accumulators.
 //
 // A panel's element type P is the weight's: float32, or bfloat16 / float16 kept in 16 bits,

@@ -15,7 +15,7 @@
 // 2-core AVX-512 EPYC (1,008 rows, SmolLM2's shapes, 213-217 -> 220-232 GFLOP/s a thread).
 // Rows go in blocks that stay in L2, units in runs, so that threads claiming items as they
 // go (parallel_items) stay balanced; inside an open parallel region (a decoder layer's
-// two-thread tail, csrc/split_mlp.cpp) the calling thread runs it all. Compiled for
+// two-thread tail, csrc/linear/split_mlp.cpp) the calling thread runs it all. Compiled for
 // AVX512_BF16 by attribute, run only where the CPU has it (pair_linear_supported()).
 //
 // Summation runs over pairs of k in order, each vdpbf16ps adding its two products to the
