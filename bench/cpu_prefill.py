@@ -8,6 +8,8 @@ values in a paged cache of 16-token blocks scattered through the cache, queries 
 - ``compiled``: ``sluicegate.kernels.cpu_attention.paged_attention``, reading the paged cache
   in place;
 - ``compiled_avx2`` (on a CPU with AVX-512): the same with its AVX-512 path turned off;
+- ``compiled_float_scores`` (bfloat16 on a CPU with AVX512_BF16): the same with the scores on
+  the float32 tiles instead of the bfloat16 dot products;
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)`` on contiguous
   [1, heads, len, head_dim] tensors, keys and values already repeated to every query head
   outside the timing (its flash kernel takes no grouped heads; with ``enable_gqa`` it falls to
@@ -59,10 +61,16 @@ def main() -> int:
         print("the C++ attention kernels could not be built here", file=sys.stderr)
         return 1
     dtype = DTYPES[args.dtype]
-    wide = cpu_attention.allow_avx512(True) and " avx512f " in Path("/proc/cpuinfo").read_text()
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    wide = cpu_attention.allow_avx512(True) and " avx512f " in cpuinfo
+    dots = (
+        dtype == torch.bfloat16
+        and cpu_attention.allow_bf16_dots(True)
+        and " avx512_bf16 " in cpuinfo
+    )
     result: dict[str, dict[str, float]] = {}
     for length in (int(n) for n in args.lens.split(",")):
-        sides = _sides(length, args.heads, args.kv_heads, dtype, wide)
+        sides = _sides(length, args.heads, args.kv_heads, dtype, wide, dots)
         want = sides["sdpa"]()
         for name, run in sides.items():
             torch.testing.assert_close(
@@ -94,7 +102,7 @@ def main() -> int:
 
 
 def _sides(
-    length: int, heads: int, kv_heads: int, dtype: torch.dtype, wide: bool
+    length: int, heads: int, kv_heads: int, dtype: torch.dtype, wide: bool, dots: bool
 ) -> dict[str, Callable[[], torch.Tensor]]:
     generator = torch.Generator().manual_seed(length)
     num_blocks = -(-length // BLOCK_SIZE)
@@ -117,6 +125,13 @@ def _sides(
         finally:
             cpu_attention.allow_avx512(True)
 
+    def compiled_float_scores() -> torch.Tensor:
+        cpu_attention.allow_bf16_dots(False)
+        try:
+            return compiled()
+        finally:
+            cpu_attention.allow_bf16_dots(True)
+
     def gathered(cache: torch.Tensor) -> torch.Tensor:
         rows = cache[table.long()].reshape(-1, kv_heads, HEAD_DIM)[:length]
         return rows.transpose(0, 1).repeat_interleave(heads // kv_heads, 0).contiguous()[None]
@@ -131,6 +146,8 @@ def _sides(
     sides = {"compiled": compiled, "sdpa": sdpa}
     if wide:
         sides["compiled_avx2"] = compiled_avx2
+    if dots:
+        sides["compiled_float_scores"] = compiled_float_scores
     return sides
 
 

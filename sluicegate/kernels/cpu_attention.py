@@ -66,6 +66,15 @@ def allow_avx512(allow: bool) -> bool:
     return bool(kernels.paged_decode_allow_avx512(allow))
 
 
+def allow_bf16_dots(allow: bool) -> bool:
+    """Let the prefill kernel take bfloat16 queries' scores on the CPU's bfloat16 dot products
+    (AVX512_BF16) where it has them (on by default; tests and benches turn it off to run the
+    float32 tiles); returns the previous setting."""
+    kernels = extension()
+    assert kernels is not None, "check available() first"
+    return bool(kernels.paged_prefill_allow_bf16_dots(allow))
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,

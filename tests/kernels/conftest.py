@@ -144,9 +144,9 @@ def tolerances() -> dict[torch.dtype, dict[str, float]]:
     return TOLERANCES
 
 
-def _has_avx512() -> bool:
+def _cpu_has(flag: str) -> bool:
     try:
-        return " avx512f " in Path("/proc/cpuinfo").read_text()
+        return f" {flag} " in Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
 
@@ -154,13 +154,28 @@ def _has_avx512() -> bool:
 @pytest.fixture(params=["avx512", "avx2"])
 def cpu_isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """The CPU kernels' AVX-512 paths (attention, RMSNorm and SiLU x mul) where the CPU has
-    them, and their AVX2 paths."""
-    if request.param == "avx512" and not _has_avx512():
+    them, and their AVX2 paths; the prefill's bfloat16 dot products off (``bf16_dots``)."""
+    if request.param == "avx512" and not _cpu_has("avx512f"):
         pytest.skip("this CPU has no AVX-512")
     from sluicegate.kernels import cpu_attention, cpu_ops
 
     allow = request.param == "avx512"
     previous = cpu_attention.allow_avx512(allow), cpu_ops.allow_avx512(allow)
+    dots = cpu_attention.allow_bf16_dots(False)
     yield request.param
     cpu_attention.allow_avx512(previous[0])
     cpu_ops.allow_avx512(previous[1])
+    cpu_attention.allow_bf16_dots(dots)
+
+
+@pytest.fixture
+def bf16_dots() -> Iterator[None]:
+    """The prefill kernel's scores on AVX512_BF16's dot products (bfloat16 queries and cache)."""
+    if not _cpu_has("avx512_bf16"):
+        pytest.skip("this CPU has no AVX512_BF16")
+    from sluicegate.kernels import cpu_attention
+
+    previous = cpu_attention.allow_avx512(True), cpu_attention.allow_bf16_dots(True)
+    yield
+    cpu_attention.allow_avx512(previous[0])
+    cpu_attention.allow_bf16_dots(previous[1])

@@ -158,3 +158,40 @@ def test_long_prefills_match_naive_attention(
     )
     out = _assert_matches_reference(case, tolerances)
     torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[dtype])
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim",
+    [(8, 2, 64), (14, 2, 128), (4, 4, 80), (9, 3, 64)],
+    ids=str,
+)
+def test_bf16_prefills_on_dot_products_match_naive_attention(
+    bf16_dots,
+    make_paged_case,
+    naive_attention,
+    tolerances,
+    block_size,
+    num_heads,
+    num_kv_heads,
+    head_dim,
+) -> None:
+    # The same prompts, chunks and decode row as above, the scores summed in pairs of d on
+    # the dot products, keys read from the cache in place (a chunk's last keys from a zero row).
+    # Not bit for bit the float32 tiles' result (their sums run one d at a time): within
+    # bfloat16's rounding of the reference and of naive attention.
+    specs = [(150, 150), (187, 150), (45, 9), (70, 1), (33, 33)]
+    case = make_paged_case(
+        specs, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.bfloat16, seed=11
+    )
+    out = cpu_attention.paged_attention(*case.args())
+    assert out.dtype == torch.bfloat16 and out.shape == case.q.shape
+    bf16 = tolerances[torch.bfloat16]
+    torch.testing.assert_close(out, reference.paged_attention(*case.args()), **bf16)
+    torch.testing.assert_close(out.double(), naive_attention(case), **bf16)
+    previous = cpu_attention.allow_bf16_dots(False)
+    try:
+        tiles = cpu_attention.paged_attention(*case.args())
+    finally:
+        cpu_attention.allow_bf16_dots(previous)
+    assert not torch.equal(out, tiles), "the dot products did not run"

@@ -6,6 +6,7 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache,
                            const at::Tensor& seq_lens, double scale);
 bool paged_decode_allow_avx512(bool allow);
 bool paged_prefill_allow_avx512(bool allow);
+bool paged_prefill_allow_bf16_dots(bool allow);
 bool paged_prefill_supported(int64_t head_dim, int64_t block_size);
 void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                    const at::Tensor& block_tables, const at::Tensor& seq_lens,
@@ -56,6 +57,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill_allow_avx512", &paged_prefill_allow_avx512,
         "Let paged_prefill use AVX-512 where the CPU has it (tests and benches turn it off); "
         "returns the previous setting");
+  m.def("paged_prefill_allow_bf16_dots", &paged_prefill_allow_bf16_dots,
+        "Let paged_prefill take bfloat16 queries' scores on AVX512_BF16's dot products where "
+        "the CPU has them (tests and benches turn it off); returns the previous setting");
   m.def("paged_prefill_supported", &paged_prefill_supported,
         "Whether paged_prefill runs this head_dim and block_size here");
   m.def("paged_prefill", &paged_prefill, nogil,

@@ -1,6 +1,6 @@
-// What the CPU decode kernels share (csrc/attention/paged_decode.cpp, csrc/attention/decode_wide.h): one task per
-// request and span of its KV heads, its cache rows found through per-token offsets, and the
-// float32 softmax.
+// What the CPU decode kernels share (csrc/attention/paged_decode.cpp,
+// csrc/attention/decode_wide.h): one task per request and span of its KV heads, its cache rows
+// found through per-token offsets, and the float32 softmax.
 #pragma once
 
 #include "convert.h"

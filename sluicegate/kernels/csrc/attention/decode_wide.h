@@ -1,10 +1,10 @@
-// The CPU decode kernel's AVX-512 path (csrc/attention/paged_decode.cpp picks it at run time where the
-// CPU has AVX-512 and head_dim is a multiple of 16; compiled for avx512f by attribute, so the
-// extension still loads on AVX2-only CPUs). Per task (a request's span of KV heads): scores of
-// four keys by up to four query heads at a time on 16-float registers, summed across lanes four
-// dot products at a time (one tree instead of four); softmax as the other paths; then every
-// dimension of up to four heads (two of up to 128 dimensions), 16 rows of values at a time.
-// Both passes take every head of the span from a token's row before the next rows.
+// The CPU decode kernel's AVX-512 path (csrc/attention/paged_decode.cpp picks it at run time where
+// the CPU has AVX-512 and head_dim is a multiple of 16; compiled for avx512f by attribute, so the
+// extension still loads on AVX2-only CPUs). Per task (a request's span of KV heads): scores of four
+// keys by up to four query heads at a time on 16-float registers, summed across lanes four dot
+// products at a time (one tree instead of four); softmax as the other paths; then every dimension
+// of up to four heads (two of up to 128 dimensions), 16 rows of values at a time. Both passes take
+// every head of the span from a token's row before the next rows.
 #pragma once
 
 #include "decode_task.h"

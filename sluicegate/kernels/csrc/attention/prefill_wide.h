@@ -1,11 +1,14 @@
-// The CPU prefill kernel's AVX-512 tiles (csrc/attention/paged_prefill.cpp picks them at run time where
-// the CPU has AVX-512; compiled for avx512f by attribute, so the extension still loads on
-// AVX2-only CPUs). The same tiles as the AVX2 ones on 16-float registers: a score vector holds
-// 16 rows of the task (the rows padded to 16), and a value tile takes up to 64 dimensions of
-// six rows at a time. Each sum runs over d (scores) or over the chunk's keys (values) in the
-// same order as on AVX2; only the lanes differ. The chunk's widening and its online softmax
-// run here too, 16 lanes at a time; the softmax's exp is exp16's polynomial, not glibc's
-// expf, so weights may differ from the AVX2 path's in their last bit.
+// The CPU prefill kernel's AVX-512 tiles (csrc/attention/paged_prefill.cpp picks them at run time
+// where the CPU has AVX-512; compiled for avx512f by attribute, so the extension still loads on
+// AVX2-only CPUs). The same tiles as the AVX2 ones on 16-float registers: a score vector holds 16
+// rows of the task (the rows padded to 16), and a value tile takes up to 64 dimensions of six rows
+// at a time. Each sum runs over d (scores) or over the chunk's keys (values) in the same order as
+// on AVX2; only the lanes differ. The chunk's widening and its online softmax run here too, 16
+// lanes at a time; the softmax's exp is exp16's polynomial, not glibc's expf, so weights may differ
+// from the AVX2 path's in their last bit. Bfloat16 queries and cache on a CPU with AVX512_BF16 take
+// their scores on its dot products instead (keys read in place, two products of d a step: on an AMD
+// EPYC with a 256-bit datapath that is twice the float32 FMAs' rate, `python
+// bench/cpu_prefill.py`).
 #pragma once
 
 #include "convert.h"
@@ -13,32 +16,28 @@
 #include "exp16.h"
 
 #include <cstdint>
+#include <cstring>
 
 #ifdef SG_VECTOR
 
 namespace sg::prefill {
 
 inline Avx512Path wide_path;
+inline KernelPath<Bf16Dots> pair_path;
 
 constexpr int64_t kWideLanes = 16;
 constexpr int64_t kWideRows = 6;
 
-// A chunk's 16 keys and values widened to float32 into key_rows and value_rows ([16][D]
-// each, D a multiple of 16): the first ``keys`` from cache rows ``stride`` elements apart
-// starting at k and v, the rest zero.
+// ``count`` cache rows ``stride`` elements apart from ``src`` widened to float32 into
+// ``rows`` ([16][D], D a multiple of 16), the rest of the 16 zero.
 template <typename T>
-__attribute__((target("avx512f"))) inline void wide_load_chunk(const T* k, const T* v,
-                                                               int64_t stride, int64_t D,
-                                                               int64_t keys, float* key_rows,
-                                                               float* value_rows) {
+__attribute__((target("avx512f"))) inline void wide_load_rows(const T* src, int64_t stride,
+                                                              int64_t D, int64_t count,
+                                                              float* rows) {
   for (int64_t t = 0; t < 16; ++t) {
-    float* key = key_rows + t * D;
-    float* value = value_rows + t * D;
-    for (int64_t d = 0; d < D; d += kWideLanes) {
-      const bool held = t < keys;
-      _mm512_storeu_ps(key + d, held ? load16(k + t * stride + d) : _mm512_setzero_ps());
-      _mm512_storeu_ps(value + d, held ? load16(v + t * stride + d) : _mm512_setzero_ps());
-    }
+    float* row = rows + t * D;
+    for (int64_t d = 0; d < D; d += kWideLanes)
+      _mm512_storeu_ps(row + d, t < count ? load16(src + t * stride + d) : _mm512_setzero_ps());
   }
 }
 
@@ -69,6 +68,70 @@ __attribute__((target("avx512f"))) inline void wide_score_tile(const float* keys
 #pragma GCC unroll 3
     for (int v = 0; v < V; ++v)
       _mm512_storeu_ps(scores + t * ld_s + v * kWideLanes, acc[t][v]);
+}
+
+// The same scores on AVX512_BF16's dot products, for bfloat16 queries and cache: qt2 holds
+// the queries in pairs of d ([D / 2][padded rows][2] bfloat16), and each key's pair of d is
+// broadcast against 16 rows' pairs. Nothing is rounded (both sides are bfloat16 already, the
+// products exact in float32); the sum runs over pairs of d, two products a step, so a score
+// may differ from the float32 tiles' in its last bits.
+#define SG_PAIRS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// Row r's D bfloat16 queries into qt2 ([D / 2][padded rows][2]: pairs of d, as the dot
+// products take them).
+inline void pair_query_row(const uint16_t* src, int64_t D, int64_t padded, int64_t r,
+                           uint16_t* qt2) {
+  for (int64_t d = 0; d < D; ++d) qt2[((d / 2) * padded + r) * 2 + d % 2] = src[d];
+}
+
+template <int V>
+SG_PAIRS_TARGET inline void pair_score_tile(const uint16_t* const* keys, const uint16_t* qt2,
+                                            int64_t padded, int64_t D, float* scores) {
+  __m512 acc[4][V];
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 3
+    for (int v = 0; v < V; ++v) acc[t][v] = _mm512_setzero_ps();
+  for (int64_t pair = 0; pair < D / 2; ++pair) {
+    __m512bh q[V];
+#pragma GCC unroll 3
+    for (int v = 0; v < V; ++v)
+      q[v] = (__m512bh)_mm512_loadu_si512(qt2 + (pair * padded + v * kWideLanes) * 2);
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      int32_t both;
+      std::memcpy(&both, keys[t] + 2 * pair, sizeof(both));
+      const __m512bh k = (__m512bh)_mm512_set1_epi32(both);
+#pragma GCC unroll 3
+      for (int v = 0; v < V; ++v) acc[t][v] = _mm512_dpbf16_ps(acc[t][v], k, q[v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; ++t)
+#pragma GCC unroll 3
+    for (int v = 0; v < V; ++v)
+      _mm512_storeu_ps(scores + t * padded + v * kWideLanes, acc[t][v]);
+}
+
+// Scores of a chunk's 16 keys read in place (cache rows ``stride`` elements apart; keys past
+// ``keys`` read from ``zero``, a zero row of D) for rows padded to ``padded`` (a multiple of
+// 16).
+SG_PAIRS_TARGET inline void pair_chunk_scores(const uint16_t* k, int64_t stride, int64_t keys,
+                                              const uint16_t* zero, const uint16_t* qt2,
+                                              int64_t padded, int64_t D, float* scores) {
+  for (int64_t t = 0; t < 16; t += 4) {
+    const uint16_t* rows[4];
+    for (int64_t i = 0; i < 4; ++i) rows[i] = t + i < keys ? k + (t + i) * stride : zero;
+    float* s = scores + t * padded;
+    int64_t v = 0;
+    for (; v + 3 * kWideLanes <= padded; v += 3 * kWideLanes)
+      pair_score_tile<3>(rows, qt2 + v * 2, padded, D, s + v);
+    switch ((padded - v) / kWideLanes) {
+      case 2: pair_score_tile<2>(rows, qt2 + v * 2, padded, D, s + v); break;
+      case 1: pair_score_tile<1>(rows, qt2 + v * 2, padded, D, s + v); break;
+      default: break;
+    }
+  }
 }
 
 // Scores of the chunk's 16 keys for rows padded to ``padded`` (a multiple of 16).
