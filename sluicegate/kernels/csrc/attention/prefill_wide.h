@@ -6,9 +6,8 @@
 // on AVX2; only the lanes differ. The chunk's widening and its online softmax run here too, 16
 // lanes at a time; the softmax's exp is exp16's polynomial, not glibc's expf, so weights may differ
 // from the AVX2 path's in their last bit. Bfloat16 queries and cache on a CPU with AVX512_BF16 take
-// their scores on its dot products instead (keys read in place, two products of d a step: on an AMD
-// EPYC with a 256-bit datapath that is twice the float32 FMAs' rate, `python
-// bench/cpu_prefill.py`).
+// their scores on its dot products instead: keys read in place, two products of d a step, on an
+// AMD EPYC with a 256-bit datapath twice the float32 FMAs' rate (bench/cpu_prefill.py).
 #pragma once
 
 #include "convert.h"
@@ -70,19 +69,19 @@ __attribute__((target("avx512f"))) inline void wide_score_tile(const float* keys
       _mm512_storeu_ps(scores + t * ld_s + v * kWideLanes, acc[t][v]);
 }
 
-// The same scores on AVX512_BF16's dot products, for bfloat16 queries and cache: qt2 holds
-// the queries in pairs of d ([D / 2][padded rows][2] bfloat16), and each key's pair of d is
-// broadcast against 16 rows' pairs. Nothing is rounded (both sides are bfloat16 already, the
-// products exact in float32); the sum runs over pairs of d, two products a step, so a score
-// may differ from the float32 tiles' in its last bits.
-#define SG_PAIRS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
-
 // Row r's D bfloat16 queries into qt2 ([D / 2][padded rows][2]: pairs of d, as the dot
 // products take them).
 inline void pair_query_row(const uint16_t* src, int64_t D, int64_t padded, int64_t r,
                            uint16_t* qt2) {
   for (int64_t d = 0; d < D; ++d) qt2[((d / 2) * padded + r) * 2 + d % 2] = src[d];
 }
+
+// The same scores on AVX512_BF16's dot products, for bfloat16 queries and cache: qt2 holds
+// the queries in pairs of d ([D / 2][padded rows][2] bfloat16), and each key's pair of d is
+// broadcast against 16 rows' pairs. Nothing is rounded (both sides are bfloat16 already, the
+// products exact in float32); the sum runs over pairs of d, two products a step, so a score
+// may differ from the float32 tiles' in its last bits.
+#define SG_PAIRS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 template <int V>
 SG_PAIRS_TARGET inline void pair_score_tile(const uint16_t* const* keys, const uint16_t* qt2,
