@@ -118,19 +118,15 @@ def _sides(
     def compiled() -> torch.Tensor:
         return cpu_attention.paged_attention(q, k_cache, v_cache, table[None], lens, cu, scale)
 
-    def compiled_avx2() -> torch.Tensor:
-        cpu_attention.allow_avx512(False)
-        try:
-            return compiled()
-        finally:
-            cpu_attention.allow_avx512(True)
+    def switched_off(allow: Callable[[bool], bool]) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
+            allow(False)
+            try:
+                return compiled()
+            finally:
+                allow(True)
 
-    def compiled_float_scores() -> torch.Tensor:
-        cpu_attention.allow_bf16_dots(False)
-        try:
-            return compiled()
-        finally:
-            cpu_attention.allow_bf16_dots(True)
+        return run
 
     def gathered(cache: torch.Tensor) -> torch.Tensor:
         rows = cache[table.long()].reshape(-1, kv_heads, HEAD_DIM)[:length]
@@ -145,9 +141,9 @@ def _sides(
 
     sides = {"compiled": compiled, "sdpa": sdpa}
     if wide:
-        sides["compiled_avx2"] = compiled_avx2
+        sides["compiled_avx2"] = switched_off(cpu_attention.allow_avx512)
     if dots:
-        sides["compiled_float_scores"] = compiled_float_scores
+        sides["compiled_float_scores"] = switched_off(cpu_attention.allow_bf16_dots)
     return sides
 
 

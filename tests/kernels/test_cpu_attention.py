@@ -132,6 +132,11 @@ def test_other_dtypes_take_the_reference(make_paged_case, ragged_specs) -> None:
     assert torch.equal(out, reference.paged_attention(*args))
 
 
+PREFILL_SPECS = [(150, 150), (187, 150), (45, 9), (70, 1), (33, 33)]
+"""The prefill kernel's tiles: a fresh prompt of several 16-position tiles, a chunk after a
+cached prefix that ends mid-block, one shorter than a tile, beside a decode row."""
+
+
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize(
     "num_heads,num_kv_heads,head_dim",
@@ -150,11 +155,8 @@ def test_long_prefills_match_naive_attention(
     head_dim,
     dtype,
 ) -> None:
-    # The prefill kernel's tiles: a fresh prompt of several 16-position tiles, a chunk after
-    # a cached prefix that ends mid-block, one shorter than a tile, beside a decode row.
-    specs = [(150, 150), (187, 150), (45, 9), (70, 1), (33, 33)]
     case = make_paged_case(
-        specs, num_heads, num_kv_heads, head_dim, block_size, dtype=dtype, seed=11
+        PREFILL_SPECS, num_heads, num_kv_heads, head_dim, block_size, dtype=dtype, seed=11
     )
     out = _assert_matches_reference(case, tolerances)
     torch.testing.assert_close(out.double(), naive_attention(case), **tolerances[dtype])
@@ -180,9 +182,8 @@ def test_bf16_prefills_on_dot_products_match_naive_attention(
     # the dot products, keys read from the cache in place (a chunk's last keys from a zero row).
     # Not bit for bit the float32 tiles' result (their sums run one d at a time): within
     # bfloat16's rounding of the reference and of naive attention.
-    specs = [(150, 150), (187, 150), (45, 9), (70, 1), (33, 33)]
     case = make_paged_case(
-        specs, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.bfloat16, seed=11
+        PREFILL_SPECS, num_heads, num_kv_heads, head_dim, block_size, dtype=torch.bfloat16, seed=11
     )
     out = cpu_attention.paged_attention(*case.args())
     assert out.dtype == torch.bfloat16 and out.shape == case.q.shape
