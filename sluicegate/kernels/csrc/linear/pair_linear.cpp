@@ -118,17 +118,9 @@ SG_TARGET void unit_rows(const uint16_t* x, int64_t ldx, int64_t M, const uint16
   }
 }
 
-bool cpu_has_pairs() {
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bf16");
-  return has;
-}
-
 }  // namespace
 
-bool pair_linear_supported() { return cpu_has_pairs(); }
+bool pair_linear_supported() { return sg::Bf16Dots::has(); }
 
 at::Tensor pack_pair_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kBFloat16 &&
@@ -154,7 +146,7 @@ at::Tensor pack_pair_weight(const at::Tensor& weight) {
 }
 
 at::Tensor pair_linear(const at::Tensor& x, const at::Tensor& packed, int64_t N) {
-  TORCH_CHECK(cpu_has_pairs(), "pair_linear needs a CPU with AVX512_BF16");
+  TORCH_CHECK(sg::Bf16Dots::has(), "pair_linear needs a CPU with AVX512_BF16");
   TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kBFloat16 && x.dim() == 2 &&
                   x.stride(1) == 1,
               "pair_linear takes 2-D bfloat16 CPU rows of unit stride");
